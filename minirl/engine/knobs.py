@@ -1,0 +1,121 @@
+"""Alignment knobs of the minirl inference engine.
+
+Every numerically relevant choice an inference engine makes is a field here. The default
+of each field is what inference engines (vLLM, SGLang) typically do; ``Knobs.aligned()`` is
+the setting that reproduces the training engine (HF transformers) numerics. The checklist
+these come from is Ring-linear section 5.2.1 ("Systematic Training-Inference Alignment"):
+KV cache precision, lm_head in FP32, RMSNorm (FP32 compute, same eps, unfused residual),
+RoPE implementation, attention backend and prefill vs decode, MoE router precision, stable
+top-k and deterministic expert summation order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Numerics of the inference side. Strings name ``kernels`` variants or dtypes.
+
+    ``"act"`` as a dtype means "the activation dtype the engine was loaded in".
+    """
+
+    rmsnorm: str = "fused_add"
+    """kernels rmsnorm variant. ``fused_add``: residual add + norm fused in the activation
+    dtype (vLLM/SGLang ``fused_add_rms_norm``). ``hf``: fp32 compute, cast to input dtype
+    before the weight multiply (transformers). ``fp32_residual``: Ring-linear 5.2.1 aligned
+    setting (fp32 compute, fp32 residual, unfused). ``bf16_compute``: everything in bf16."""
+
+    rmsnorm_eps: float | None = None
+    """None reads eps from config.json; a number overrides it (Ring-linear 5.2.1: "the
+    epsilon value must be consistent" - set this to reproduce an eps mismatch)."""
+
+    rope: str = "cached_table"
+    """kernels rope variant. ``cached_table``: cos/sin table precomputed once and stored in
+    ``rope_cache_dtype`` (vLLM ``RotaryEmbedding.cos_sin_cache``). ``hf``: cos/sin computed on
+    the fly in fp32 then cast to the activation dtype (transformers). Ring-linear 5.2.1 RoPE."""
+
+    rope_cache_dtype: str = "act"
+    """dtype of the cached cos/sin table (only for ``rope="cached_table"``)."""
+
+    attention: str = "sdpa"
+    """``sdpa``: torch scaled_dot_product_attention (fused backend). ``eager``: explicit
+    softmax(QK^T/sqrt(d))V in fp32 softmax as transformers' eager path. Ring-linear 5.2.1
+    Attention: "the used backend must be consistent between training and inference"."""
+
+    decode: str = "incremental"
+    """``incremental``: one token per step against the KV cache (what engines do).
+    ``recompute``: re-run the full prefix every step (what the trainer computes).
+    Ring-linear 5.2.1: prefill-vs-decode misalignment grows with output length."""
+
+    kv_cache_dtype: str = "act"
+    """dtype of the KV cache (and the linear-attention state for hybrid models).
+    Ring-linear 5.2.1 KV Cache: a bf16 recurrent state accumulates error, fp32 does not."""
+
+    lm_head_dtype: str = "act"
+    """dtype of the lm_head GEMM and log-softmax. Ring-linear 5.2.1 LM Head: softmax is
+    precision sensitive, use FP32."""
+
+    router_dtype: str = "act"
+    """dtype of the MoE router GEMM + scoring. Ring-linear 5.2.1 MoE: "maintaining high
+    precision in router computation"."""
+
+    topk: str = "unstable"
+    """kernels router_topk variant: ``unstable`` reproduces order-dependent tie breaks
+    (torch.topk on GPU); ``stable`` breaks ties by lowest expert id (Ring-linear 5.2.1 MoE)."""
+
+    expert_sum_order: str = "topk_slot"
+    """Order in which the k expert outputs of a token are summed: ``topk_slot`` (order of
+    the top-k result, fused-MoE style) or ``expert_id`` (ascending expert id, as
+    transformers' per-expert loop accumulates). Ring-linear 5.2.1 MoE: deterministic order."""
+
+    tp: int = 1
+    """Tensor-parallel emulation degree: row-parallel GEMMs (o_proj, down_proj) are split
+    into ``tp`` partial sums added in rank order, reproducing TP=tp numerics on one device."""
+
+    batch_invariant: bool = False
+    """True: results of a sequence do not depend on what else is in the batch (each request
+    computed alone). False: batched GEMMs (documented difference, measured in tests)."""
+
+    @classmethod
+    def typical_inference(cls) -> "Knobs":
+        """What vLLM/SGLang typically do (the defaults)."""
+        return cls()
+
+    @classmethod
+    def aligned(cls) -> "Knobs":
+        """The setting that reproduces transformers' numerics (the training engine)."""
+        return cls(
+            rmsnorm="hf",
+            rope="hf",
+            attention="eager",
+            decode="incremental",
+            kv_cache_dtype="float32",
+            lm_head_dtype="float32",
+            router_dtype="float32",
+            topk="stable",
+            expert_sum_order="expert_id",
+            tp=1,
+            batch_invariant=True,
+        )
+
+    def replace(self, **changes: object) -> "Knobs":
+        """A copy with some fields changed; unknown names raise with the valid list."""
+        valid = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - valid)
+        if unknown:
+            raise ValueError(f"unknown knob(s) {unknown}; valid knobs: {sorted(valid)}")
+        return dataclasses.replace(self, **changes)
+
+    def diff(self, other: "Knobs") -> dict[str, tuple[object, object]]:
+        """Fields that differ: name -> (self value, other value)."""
+        return {
+            f.name: (getattr(self, f.name), getattr(other, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
