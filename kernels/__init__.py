@@ -1,0 +1,24 @@
+"""Mismatch Lab kernels: each numerically relevant op as a torch reference, a Triton kernel and
+the named variants real engines use, switchable by name.
+
+    >>> import kernels
+    >>> kernels.variants("rmsnorm")
+    ['bf16_compute', 'fp32_residual', 'fused_add', 'hf', 'reference', 'triton']
+    >>> y = kernels.get("rmsnorm", "hf")(x, w, 1e-6)
+
+Ops: ``rmsnorm``, ``rope``, ``router_topk``, ``logprobs`` (contracts in docs/architecture.md,
+variants in docs/kernels.md), plus ``replay_gate`` for router replay.
+
+Importing this package never imports triton (transformers imports it while probing for
+Hugging Face's unrelated ``kernels`` hub package, so it must stay light). Deliberately no
+``__version__``: transformers would read it as the hub package's version.
+"""
+
+from __future__ import annotations
+
+from . import logprobs, rmsnorm, rope, router  # noqa: F401  (registration happens on import)
+from .dispatch import TORCH_TWIN, fast, fast_variant
+from .registry import get, ops, register, variants
+from .router import replay_gate
+
+__all__ = ["TORCH_TWIN", "fast", "fast_variant", "get", "ops", "register", "replay_gate", "variants"]

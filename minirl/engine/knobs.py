@@ -32,6 +32,18 @@ class Knobs:
     """None reads eps from config.json; a number overrides it (Ring-linear 5.2.1: "the
     epsilon value must be consistent" - set this to reproduce an eps mismatch)."""
 
+    weight_dtype: str = "act"
+    """dtype the weights are rounded to before use (computation runs in the activation dtype).
+    ``"act"``: the activation dtype. ``"bfloat16"`` with a float32 engine emulates running a
+    bf16 checkpoint with fp32 activations (Ring-linear 5.2.1 "maintaining appropriate
+    precision": weight precision is the first thing that differs between trainer and server)."""
+
+    activation: str = "fused_silu_mul"
+    """SwiGLU ``silu(gate) * up``. ``fused_silu_mul``: computed in fp32 and rounded once (vLLM/
+    SGLang ``silu_and_mul`` on the fused gate_up output). ``hf``: ``silu`` rounded to the
+    activation dtype, then multiplied (transformers ``act_fn(gate) * up``). Ring-linear 5.2.1
+    "ensure identical implementation"."""
+
     rope: str = "cached_table"
     """kernels rope variant. ``cached_table``: cos/sin table precomputed once and stored in
     ``rope_cache_dtype`` (vLLM ``RotaryEmbedding.cos_sin_cache``). ``hf``: cos/sin computed on
@@ -89,6 +101,7 @@ class Knobs:
         """The setting that reproduces transformers' numerics (the training engine)."""
         return cls(
             rmsnorm="hf",
+            activation="hf",
             rope="hf",
             attention="eager",
             decode="incremental",

@@ -1,0 +1,182 @@
+"""Token logprobs and entropy straight from hidden states and the lm_head weight.
+
+Why fused/chunked: ``log_softmax(h @ W.T)`` materialises ``[N, V]`` logits several times
+(logits, fp32 copy, log-probs, probabilities, and their gradients). At V = 151,936 (Qwen) and
+a few thousand tokens that dominates the RL trainer's memory. The chunked variants process
+``chunk_size`` rows at a time and recompute the chunk's logits in backward, so peak memory is
+O(chunk_size * V) instead of O(N * V).
+
+Call contract: ``logprobs(hidden[N, H], weight[V, H], targets[N], *, temperature=1.0,
+chunk_size=None) -> (logprob[N], entropy[N])``. The GEMM runs in the inputs' dtype (a bf16
+GEMM rounds the logits to bf16, like ``nn.Linear`` would); everything after it (scaling by
+1/temperature, log-softmax, entropy) runs in fp32 — float64 when the inputs are float64, so
+``gradcheck`` can run — and the outputs have that dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import _checks, _triton
+from .registry import register
+
+#: A chunk's fp32 logits take about this many elements (32 MiB) unless ``chunk_size`` is given.
+CHUNK_ELEMENTS = 1 << 23
+
+
+def check(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float) -> None:
+    """Shared argument validation (the Triton wrapper uses it too)."""
+    _checks.floating("hidden", hidden)
+    _checks.floating("weight", weight)
+    _checks.ndim("hidden", hidden, 2, "[N, H]")
+    _checks.ndim("weight", weight, 2, "[V, H]")
+    _checks.integer("targets", targets)
+    _checks.ndim("targets", targets, 1, "[N]")
+    _checks.dim_matches("hidden", hidden, 1, "weight", weight, 1)
+    _checks.dim_matches("hidden", hidden, 0, "targets", targets, 0)
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"dtype mismatch: {_checks.describe('hidden', hidden)} vs {_checks.describe('weight', weight)}")
+    _checks.same_device(hidden=hidden, weight=weight, targets=targets)
+    _checks.positive("temperature", temperature)
+
+
+def chunk_rows(n_vocab: int, chunk_size: int | None) -> int:
+    """Rows per chunk: ``chunk_size`` if given, else about ``CHUNK_ELEMENTS / V`` rows."""
+    if chunk_size is None:
+        return max(1, CHUNK_ELEMENTS // max(n_vocab, 1))
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    return chunk_size
+
+
+def chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``(h @ W.T)`` in the inputs' dtype, then fp32 (float64) and divided by temperature; [c, V]."""
+    return (h @ weight.T).to(_checks.compute_dtype(h.dtype)) / temperature
+
+
+@register("logprobs", "naive")
+def naive(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log_softmax(h @ W.T / T)`` over the full ``[N, V]`` logits, autograd through all of it.
+
+    Who: what most RL trainers do by default (HF logits -> ``log_softmax`` -> gather; verl's
+    non-fused path). Numerically the yardstick for ``chunked``; memory-wise the thing to beat.
+    ``chunk_size`` is accepted and ignored so variants are interchangeable.
+    """
+    check(hidden, weight, targets, temperature)
+    logp = torch.log_softmax(chunk_logits(hidden, weight, temperature), dim=-1)  # [N, V]
+    token_logp = logp.gather(1, targets[:, None].long()).squeeze(1)  # [N]
+    entropy = -(logp.exp() * logp).sum(-1)  # [N]
+    return token_logp, entropy
+
+
+ForwardImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, int], tuple[torch.Tensor, ...]]
+
+
+def torch_forward(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chunked forward: ``(logprob[N], entropy[N], logsumexp[N])``, ``rows`` rows at a time."""
+    compute = _checks.compute_dtype(hidden.dtype)
+    n = hidden.shape[0]
+    token_logp = torch.empty(n, dtype=compute, device=hidden.device)
+    entropy = torch.empty_like(token_logp)
+    lse = torch.empty_like(token_logp)
+    for start in range(0, n, rows):
+        sl = slice(start, start + rows)
+        z = chunk_logits(hidden[sl], weight, temperature)  # [c, V]
+        lse[sl] = torch.logsumexp(z, dim=-1)
+        logp = z - lse[sl, None]
+        token_logp[sl] = logp.gather(1, targets[sl, None].long()).squeeze(1)
+        entropy[sl] = -(logp.exp() * logp).sum(-1)
+    return token_logp, entropy, lse
+
+
+class ChunkedLogprobs(torch.autograd.Function):
+    """Autograd with per-chunk recomputation: only ``hidden``, ``weight``, ``targets`` and three
+    ``[N]`` vectors are saved; backward rebuilds each chunk's logits.
+
+    Gradients, with ``p = softmax(z)``, ``z = logits / T``:
+    ``d logp_t / dz = onehot(t) - p`` and ``d entropy / dz = -p * (log p + entropy)``.
+    The logits' gradient is cast to the inputs' dtype before the GEMMs, like autograd of a
+    bf16 ``nn.Linear`` does; ``grad_weight`` is accumulated over chunks in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, rows: int, forward_impl: ForwardImpl):
+        token_logp, entropy, lse = forward_impl(hidden, weight, targets, temperature, rows)
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.temperature, ctx.rows = temperature, rows
+        return token_logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
+        g_lp = torch.zeros_like(lse) if grad_logp is None else grad_logp
+        g_ent = torch.zeros_like(lse) if grad_entropy is None else grad_entropy
+        for start in range(0, hidden.shape[0], ctx.rows):
+            sl = slice(start, start + ctx.rows)
+            logp = chunk_logits(hidden[sl], weight, ctx.temperature) - lse[sl, None]  # [c, V]
+            p = logp.exp()
+            grad_z = -p * (g_lp[sl, None] + g_ent[sl, None] * (logp + entropy[sl, None]))
+            grad_z.scatter_add_(1, targets[sl, None].long(), g_lp[sl, None])
+            grad_z = (grad_z / ctx.temperature).to(hidden.dtype)  # d loss / d (h @ W.T)
+            if need_h:
+                grad_h[sl] = grad_z @ weight
+            if need_w:
+                grad_w += (grad_z.T @ hidden[sl]).to(grad_w.dtype)
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+
+
+@register("logprobs", "chunked")
+def chunked(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-chunked logprobs/entropy with recompute-in-backward (peak memory O(chunk * V)).
+
+    Who: the memory trick of fused linear-cross-entropy losses (Liger, verl
+    ``use_fused_kernels``, Megatron vocab-chunked loss) applied to logprob + entropy. Same
+    numerics as ``naive`` (same GEMM dtype, fp32 softmax) up to reduction order.
+    """
+    check(hidden, weight, targets, temperature)
+    rows = chunk_rows(weight.shape[0], chunk_size)
+    return ChunkedLogprobs.apply(hidden, weight, targets, temperature, rows, torch_forward)
+
+
+@register("logprobs", "triton")
+def triton(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused Triton forward (GEMM tiles + online log-sum-exp + entropy, logits never stored)
+    with the ``chunked`` recompute backward.
+
+    Who: Liger-style fused linear + softmax kernels. The tile GEMM accumulates in fp32 and, for
+    bf16/fp16 inputs, rounds each logit to the input dtype like a cuBLAS GEMM output would, so
+    it matches ``chunked`` up to accumulation order. Its forward memory is O(N) beyond the
+    inputs. CUDA compiled; CPU only under ``TRITON_INTERPRET=1``, otherwise raises.
+    """
+    check(hidden, weight, targets, temperature)
+    mod = _triton.load("triton_logprobs", hidden, torch_variant="chunked")
+    rows = chunk_rows(weight.shape[0], chunk_size)
+    return ChunkedLogprobs.apply(hidden, weight, targets, temperature, rows, mod.forward)

@@ -1,0 +1,35 @@
+"""``mlab zoo list`` / ``mlab zoo build NAME [--out DIR] [--seed N]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from labs import zoo
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("zoo", help="build or list tiny built-in models (no downloads)")
+    zsub = p.add_subparsers(dest="zoo_command", required=True)
+    lst = zsub.add_parser("list", help="list zoo models")
+    lst.set_defaults(func=_list)
+    b = zsub.add_parser("build", help="build a zoo checkpoint (cached)")
+    b.add_argument("name", help="zoo model name (see `mlab zoo list`)")
+    b.add_argument("--out", default=None, help="checkpoint directory (default: $MLAB_ZOO_DIR/NAME-seedN)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
+    b.set_defaults(func=_build)
+
+
+def _list(args: argparse.Namespace) -> int:
+    for name, spec in zoo.SPECS.items():
+        print(f"{name:18s} {spec.config_class:20s} {spec.description}")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    path = zoo.build(args.name, out=args.out, seed=args.seed, force=args.force)
+    meta = json.loads((path / "zoo.json").read_text())
+    print(f"{path}\n  {meta['description']}; {meta['n_params']:,} params; "
+          f"train loss {meta['final_train_loss']:.3f}; sha256 {zoo.weights_hash(path)[:16]}")
+    return 0

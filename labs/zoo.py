@@ -1,0 +1,182 @@
+"""Tiny model zoo: real Hugging Face checkpoints built locally from a config and a seed.
+
+Why build instead of download: tests and CI have no network, and alignment experiments need
+the *same* checkpoint format that transformers and inference engines load (config.json +
+model.safetensors + tokenizer files). Each model is initialised from a seed and trained for
+a few dozen steps on the built-in corpus, so its logits are peaked like a real model's.
+Same name + seed gives byte-identical weights; builds are cached and written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from labs.corpus import training_texts
+from labs.tokenizer import build_tokenizer
+
+ZOO_FORMAT = 1  # bump when the build recipe changes, so caches rebuild
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    """How one zoo model is built. ``config`` goes to the transformers config class."""
+
+    config_class: str
+    config: dict
+    description: str
+    train_steps: int = 60
+    train: dict = field(default_factory=lambda: {"lr": 3e-3, "batch": 8, "seq": 48})
+
+
+_COMMON = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+               tie_word_embeddings=False, initializer_range=0.05)
+_MOE = dict(num_experts_per_tok=2, output_router_logits=False)
+
+SPECS: dict[str, ZooSpec] = {
+    "tiny-llama": ZooSpec("LlamaConfig", {**_COMMON, "intermediate_size": 256},
+                          "dense Llama: GQA 4q/2kv heads, SwiGLU"),
+    "tiny-qwen3": ZooSpec("Qwen3Config", {**_COMMON, "intermediate_size": 256},
+                          "dense Qwen3: GQA + QK-norm"),
+    "tiny-qwen3-moe": ZooSpec("Qwen3MoeConfig", {**_COMMON, **_MOE, "num_experts": 8,
+                                                 "moe_intermediate_size": 64, "intermediate_size": 256,
+                                                 "norm_topk_prob": True, "decoder_sparse_step": 1,
+                                                 "mlp_only_layers": []},
+                              "Qwen3-MoE: 8 experts top-2, renormalised softmax router"),
+    "tiny-mixtral": ZooSpec("MixtralConfig", {**_COMMON, **_MOE, "num_local_experts": 8,
+                                              "intermediate_size": 64},
+                            "Mixtral: 8 experts top-2"),
+    "tiny-ring-linear": ZooSpec("BailingHybridConfig", {
+        "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "head_dim": 32, "intermediate_size": 256, "moe_intermediate_size": 64, "num_experts": 8,
+        "num_experts_per_token": 2, "num_shared_experts": 1, "num_expert_group": 1, "topk_group": 1,
+        "first_k_dense_replace": 1, "layer_group_size": 2, "linear_num_heads": 4, "linear_head_dim": 32,
+        "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 32,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "initializer_range": 0.05, "num_nextn_predict_layers": 0,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+        "BailingHybrid (Ring-linear): linear attention + MLA blocks, sigmoid-routed MoE"),
+}
+
+
+def names() -> list[str]:
+    """Names of the zoo models."""
+    return list(SPECS)
+
+
+def default_root() -> Path:
+    """Cache root: ``$MLAB_ZOO_DIR`` or ``~/.cache/mismatch-lab/zoo``."""
+    return Path(os.environ.get("MLAB_ZOO_DIR", Path.home() / ".cache" / "mismatch-lab" / "zoo"))
+
+
+def build(name: str, out: str | os.PathLike | None = None, seed: int = 0, force: bool = False) -> Path:
+    """Build (or reuse) zoo model ``name`` and return its checkpoint directory.
+
+    ``out`` defaults to ``default_root()/name-seed{seed}``. A finished build is reused when its
+    recipe fingerprint matches; a rebuild writes to a temporary sibling and renames it in, so
+    an interrupted build never leaves a half-written checkpoint behind.
+    """
+    spec = _spec(name)
+    target = Path(out) if out is not None else default_root() / f"{name}-seed{seed}"
+    fingerprint = _fingerprint(name, spec, seed)
+    if not force and _is_complete(target, fingerprint):
+        return target
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
+    except OSError as e:
+        raise OSError(f"cannot write zoo model to {target}: {e.strerror or e}. "
+                      f"Pass out= a writable directory or set MLAB_ZOO_DIR.") from e
+    try:
+        _build_into(tmp, name, spec, seed, fingerprint)
+        _replace_dir(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def weights_hash(path: str | os.PathLike) -> str:
+    """sha256 of the checkpoint's model.safetensors (what "byte-identical" is checked on)."""
+    return hashlib.sha256((Path(path) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def _spec(name: str) -> ZooSpec:
+    if name not in SPECS:
+        raise ValueError(f"unknown zoo model {name!r}; valid names: {', '.join(names())}")
+    return SPECS[name]
+
+
+def _fingerprint(name: str, spec: ZooSpec, seed: int) -> str:
+    blob = json.dumps([ZOO_FORMAT, name, seed, spec.config_class, spec.config, spec.train_steps, spec.train],
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _is_complete(path: Path, fingerprint: str) -> bool:
+    meta = path / "zoo.json"
+    if not meta.exists() or not (path / "model.safetensors").exists():
+        return False
+    try:
+        return json.loads(meta.read_text()).get("fingerprint") == fingerprint
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def _replace_dir(tmp: Path, target: Path) -> None:
+    """Swap ``tmp`` into ``target``; the old build is removed only after the swap."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+    tmp.rename(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str) -> None:
+    import transformers
+
+    texts = training_texts(seed=0)  # the tokenizer and data are shared by all zoo models
+    tokenizer = build_tokenizer(texts)
+    config_cls = getattr(transformers, spec.config_class)
+    config = config_cls(**spec.config, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    loss = _train_briefly(model, tokenizer, texts, spec, seed)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    meta = {"name": name, "seed": seed, "fingerprint": fingerprint, "description": spec.description,
+            "train_steps": spec.train_steps, "final_train_loss": loss,
+            "n_params": sum(p.numel() for p in model.parameters())}
+    (tmp / "zoo.json").write_text(json.dumps(meta, indent=2))
+
+
+def _train_briefly(model: torch.nn.Module, tokenizer, texts: list[str], spec: ZooSpec, seed: int) -> float:
+    """A few AdamW steps of next-token prediction on packed corpus text; returns last loss."""
+    ids = torch.tensor(tokenizer("\n".join(texts))["input_ids"])  # [T]
+    seq, batch = spec.train["seq"], spec.train["batch"]
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.train["lr"], weight_decay=0.0)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for _ in range(spec.train_steps):
+        starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
+        x = torch.stack([ids[s:s + seq] for s in starts.tolist()])  # [B, S]
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return float(loss.detach())

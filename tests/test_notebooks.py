@@ -1,0 +1,32 @@
+"""Every notebook in notebooks/ runs headless at small size, and the runner enforces timeouts."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbclient.exceptions import CellTimeoutError
+
+from tests.notebook_runner import NOTEBOOKS, run_notebook
+
+ALL = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("name", ALL)
+def test_notebook_executes(name, zoo_root):
+    nb = run_notebook(NOTEBOOKS / name)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code, "notebook has no code cells"
+    errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+    images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images, f"{name} shows no plot"
+
+
+@pytest.mark.notebook
+def test_hung_cell_fails_instead_of_hanging(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time; time.sleep(60)")])
+    path = tmp_path / "hang.ipynb"
+    nbformat.write(nb, path)
+    with pytest.raises(CellTimeoutError):
+        run_notebook(path, cell_timeout=3)
