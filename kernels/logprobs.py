@@ -40,6 +40,10 @@ def check(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, tem
         raise TypeError(f"dtype mismatch: {_checks.describe('hidden', hidden)} vs {_checks.describe('weight', weight)}")
     _checks.same_device(hidden=hidden, weight=weight, targets=targets)
     _checks.positive("temperature", temperature)
+    vocab = weight.shape[0]
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+        # the fused kernel would silently read logit 0 for an out-of-range id
+        raise ValueError(f"{_checks.describe('targets', targets)} must lie in [0, V={vocab})")
 
 
 def chunk_rows(n_vocab: int, chunk_size: int | None) -> int:

@@ -37,6 +37,15 @@ def check(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Ten
         _checks.same_device(x=x, weight=weight)
 
 
+def reference_dtypes(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.dtype, torch.dtype | None]:
+    """(compute dtype, returned residual dtype) of ``reference`` — shared with the Triton kernel."""
+    if residual is None:
+        return _checks.compute_dtype(x.dtype, weight.dtype), None
+    return _checks.compute_dtype(x.dtype, weight.dtype, residual.dtype), torch.promote_types(x.dtype, residual.dtype)
+
+
 def _single_rounding(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -69,8 +78,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch
     in ``promote(x.dtype, residual.dtype)``. The Triton kernel computes the same thing.
     """
     check(x, weight, eps, residual)
-    res_dtype = None if residual is None else torch.promote_types(x.dtype, residual.dtype)
-    return _single_rounding(x, weight, eps, residual, _checks.compute_dtype(x.dtype, weight.dtype), res_dtype)
+    return _single_rounding(x, weight, eps, residual, *reference_dtypes(x, weight, residual))
 
 
 @register("rmsnorm", "fp32_residual")
@@ -114,9 +122,10 @@ def hf(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor
 
 @register("rmsnorm", "fused_add")
 def fused_add(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> Out:
-    """vLLM ``fused_add_rms_norm`` (csrc/layernorm_kernels.cu) — the inference-engine style.
+    """Fused residual add + RMSNorm in the activation dtype — the inference-engine style.
 
-    What the CUDA kernel does, step by step: ``z = input + residual`` in the activation dtype
+    Who: vLLM ``fused_add_rms_norm`` (csrc/layernorm_kernels.cu), SGLang's vLLM-kernel path,
+    lmdeploy. What the CUDA kernel does, step by step: ``z = input + residual`` in the activation dtype
     (``scalar_t``, e.g. bf16 ``__hadd2``) and that rounded ``z`` is written back as the new
     residual; the variance is accumulated in fp32 from the *rounded* ``z`` and finished as
     ``rsqrtf(sum / hidden_size + eps)``; the output is ``(scalar_t)(z * inv_rms)`` times

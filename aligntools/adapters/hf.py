@@ -1,0 +1,240 @@
+"""transformers (and any role-structured ``nn.Module``) -> sites, through forward hooks.
+
+How each site is read (pre-norm decoder layers: Llama, Qwen2/3, Qwen3-MoE, Mixtral, OLMoE):
+``attn_norm``/``mlp_norm``/``attn_out``/``mlp_out``/``resid_post``/``final_norm``/``logits``
+are module outputs; ``resid_mid`` is the *input* of the post-attention norm (the residual
+after attention, which transformers never names); ``v`` is the ``v_proj`` output. ``q``/``k``
+after RoPE: RoPE is a function (``apply_rotary_pos_emb``) inside the attention forward,
+not a module, so while attached the adapter swaps that symbol in the attention's modeling
+module for a wrapper that returns the original's result unchanged and emits it (restored
+on detach); an attention pre-hook tells the wrapper which layer is running. Routing: the
+transformers 5 routers return ``(logits, topk_weights, topk_ids)``, read as computed;
+a router that returns only logits is routed like transformers does (fp32 softmax, top-k,
+renormalised when ``config.norm_topk_prob`` says so).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Callable
+
+import torch
+from torch import nn
+
+from aligntools.adapters.base import Adapter
+from aligntools.adapters.roles import LayerRoles, ModelRoles
+from aligntools.adapters.torch_layout import ForwardLayout, call_inputs
+from aligntools.provenance import model_hash
+from aligntools.recorder import DERIVED, Recorder
+from aligntools.sites import sort_sites
+
+ROPE_SYMBOL = "apply_rotary_pos_emb"
+
+
+class HFAdapter(Adapter):
+    """Hooks a transformers causal LM (or a module with the same roles)."""
+
+    def __init__(self, model: nn.Module, roles: ModelRoles, engine: str = "hf") -> None:
+        self.model, self.roles, self.engine = model, roles, engine
+        self.config = getattr(model, "config", None)
+        self._handles: list = []
+        self._patches: list[tuple[object, Callable]] = []
+        self._rec: Recorder | None = None
+        self._layout: ForwardLayout | None = None
+        self._step = 0
+        self._attn_layer: int | None = None
+        self._warned: set[str] = set()
+
+    # ---- sites --------------------------------------------------------------------------
+
+    def _layer_sites(self, lr: LayerRoles) -> list[str]:
+        kinds = []
+        if lr.attn_norm is not None:
+            kinds.append("attn_norm")
+        if self._rope_module(lr) is not None:
+            kinds += ["q", "k"]
+        if hasattr(lr.attn, "v_proj"):
+            kinds.append("v")
+        kinds.append("attn_out")
+        if lr.mlp_norm is not None:
+            kinds += ["resid_mid", "mlp_norm"]
+        if lr.router is not None:
+            kinds += ["router_logits", "topk_ids", "topk_weights"]
+        if lr.mlp is not None:
+            kinds.append("mlp_out")
+        kinds.append("resid_post")
+        return [f"L{lr.index}.{k}" for k in kinds]
+
+    def available_sites(self) -> list[str]:
+        r = self.roles
+        sites = ["embed"] if r.embed is not None else []
+        for lr in r.layers:
+            sites += self._layer_sites(lr)
+        if r.final_norm is not None:
+            sites.append("final_norm")
+        if r.lm_head is not None:
+            sites += ["logits", *DERIVED]
+        return sort_sites(sites)
+
+    def _rope_module(self, lr: LayerRoles) -> object | None:
+        mod = sys.modules.get(type(lr.attn).__module__)
+        return mod if mod is not None and callable(getattr(mod, ROPE_SYMBOL, None)) else None
+
+    # ---- hooks --------------------------------------------------------------------------
+
+    def attach(self, recorder: Recorder) -> None:
+        self._rec = recorder
+        need = recorder.needed
+        on = self._handles.append
+        on(self.model.register_forward_pre_hook(self._begin_forward, with_kwargs=True))
+        on(self.model.register_forward_hook(self._end_forward))
+        r = self.roles
+        if "embed" in need:
+            on(_out_hook(r.embed, self._emitter("embed")))
+        for lr in r.layers:
+            self._attach_layer(lr, {s.split(".", 1)[1] for s in need if s.startswith(f"L{lr.index}.")})
+        if "final_norm" in need:
+            on(_out_hook(r.final_norm, self._emitter("final_norm")))
+        if "logits" in need:
+            on(_out_hook(r.lm_head, self._emitter("logits")))
+
+    def _attach_layer(self, lr: LayerRoles, kinds: set[str]) -> None:
+        on, i = self._handles.append, lr.index
+        emitter = lambda kind: self._emitter(f"L{i}.{kind}")  # noqa: E731
+        if "attn_norm" in kinds:
+            on(_out_hook(lr.attn_norm, emitter("attn_norm")))
+        if kinds & {"q", "k"}:
+            self._patch_rope(lr)
+            on(lr.attn.register_forward_pre_hook(lambda m, a: setattr(self, "_attn_layer", i)))
+            on(lr.attn.register_forward_hook(lambda m, a, o: setattr(self, "_attn_layer", None)))
+        if "v" in kinds:
+            on(_out_hook(lr.attn.v_proj, emitter("v")))
+        if "attn_out" in kinds:
+            on(_out_hook(lr.attn, emitter("attn_out")))
+        if "resid_mid" in kinds:
+            on(lr.mlp_norm.register_forward_pre_hook(lambda m, args: self._emit(f"L{i}.resid_mid", args[0])))
+        if "mlp_norm" in kinds:
+            on(_out_hook(lr.mlp_norm, emitter("mlp_norm")))
+        if kinds & {"router_logits", "topk_ids", "topk_weights"}:
+            on(lr.router.register_forward_hook(lambda m, a, out: self._emit_routing(i, out)))
+        if "mlp_out" in kinds:
+            on(_out_hook(lr.mlp, emitter("mlp_out")))
+        if "resid_post" in kinds:
+            on(_out_hook(lr.layer, emitter("resid_post")))
+
+    def _patch_rope(self, lr: LayerRoles) -> None:
+        mod = self._rope_module(lr)
+        if any(m is mod for m, _ in self._patches):
+            return
+        original = getattr(mod, ROPE_SYMBOL)
+
+        def rope_and_emit(q, k, *args, **kwargs):
+            q_out, k_out = original(q, k, *args, **kwargs)
+            layer = self._attn_layer
+            if layer is not None:  # [B, heads, S, D] -> [B, S, heads*D]
+                self._emit(f"L{layer}.q", q_out.transpose(1, 2).flatten(2))
+                self._emit(f"L{layer}.k", k_out.transpose(1, 2).flatten(2))
+            return q_out, k_out
+
+        setattr(mod, ROPE_SYMBOL, rope_and_emit)
+        self._patches.append((mod, original))
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for mod, original in reversed(self._patches):
+            setattr(mod, ROPE_SYMBOL, original)
+        self._patches.clear()
+        self._layout = None
+
+    def _begin_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        inp = call_inputs(args, kwargs)
+        if inp["past_len"] == 0:
+            self._rec.begin_call()
+            self._step = 0
+        else:
+            self._step += 1
+        self._layout = ForwardLayout(inp["input_ids"], inp["embeds"], inp["attention_mask"],
+                                     inp["position_ids"], inp["past_len"], self._step)
+
+    def _end_forward(self, module: nn.Module, args: tuple, output: object) -> None:
+        self._layout = None
+
+    def _emitter(self, site: str) -> Callable[[torch.Tensor], None]:
+        return lambda value: self._emit(site, value)
+
+    def _emit(self, site: str, value: object) -> None:
+        if self._layout is None or not isinstance(value, torch.Tensor):
+            return
+        if site not in self._rec.needed:
+            return
+        mapped = self._layout.rows(value)
+        if mapped is None:
+            self._warn_once(site, f"{site}: output shape {tuple(value.shape)} does not map onto the "
+                                  f"{self._layout.batch}x{self._layout.seq} tokens; not captured")
+            return
+        self._rec.emit(site, *mapped)
+
+    def _emit_routing(self, layer: int, out: object) -> None:
+        if isinstance(out, (tuple, list)) and len(out) >= 3 and not out[2].is_floating_point():
+            logits, weights, ids = out[0], out[1], out[2]
+            if weights.shape[-1] != ids.shape[-1]:  # dense [N, E] scores: read the chosen ones
+                weights = weights.gather(-1, ids)
+        else:
+            logits = out[0] if isinstance(out, (tuple, list)) else out
+            weights, ids = route_like_transformers(logits, self.config)
+        self._emit(f"L{layer}.router_logits", logits)
+        self._emit(f"L{layer}.topk_ids", ids)
+        self._emit(f"L{layer}.topk_weights", weights)
+
+    def _warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(msg, stacklevel=3)
+
+    # ---- running and provenance ---------------------------------------------------------
+
+    def run(self, input_ids: torch.Tensor) -> None:
+        device = _device(self.model)
+        with torch.no_grad():
+            if self.config is not None:
+                self.model(input_ids=input_ids.to(device), use_cache=False)
+            else:
+                self.model(input_ids.to(device))
+
+    def describe(self) -> dict:
+        knobs = {}
+        impl = getattr(self.config, "_attn_implementation", None)
+        if impl is not None:
+            knobs["attn_implementation"] = impl
+        path = getattr(self.model, "name_or_path", None) or getattr(self.config, "_name_or_path", None)
+        return {"dtype": _dtype(self.model), "knobs": knobs, "model_hash": model_hash(self.model, path or None)}
+
+
+def route_like_transformers(logits: torch.Tensor, config: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-k weights, top-k ids) from router logits [N, E]: fp32 softmax, top-k, renormalise
+    when ``config.norm_topk_prob`` (default True, as Mixtral always does)."""
+    k = int(getattr(config, "num_experts_per_tok", 2))
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, k, dim=-1)
+    if getattr(config, "norm_topk_prob", True):
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, ids
+
+
+def _out_hook(module: nn.Module, emit: Callable[[torch.Tensor], None]):
+    """Forward hook emitting the module's output (the first element of a tuple output)."""
+    return module.register_forward_hook(
+        lambda m, a, out: emit(out[0] if isinstance(out, (tuple, list)) else out))
+
+
+def _device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _dtype(model: nn.Module) -> str:
+    p = next((p for p in model.parameters() if p.is_floating_point()), None)
+    return str(p.dtype).removeprefix("torch.") if p is not None else "unknown"

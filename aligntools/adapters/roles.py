@@ -1,0 +1,142 @@
+"""Find a decoder model's parts by the role they play, not by class name.
+
+Why roles: transformers has one class per architecture (LlamaAttention, Qwen3MoeAttention,
+OlmoeAttention, ...) and inference engines have their own; what they share is structure.
+A decoder stack is the ModuleList whose items each hold an attention block (q/k/v/o
+projections, or a fused qkv) and an MLP; the router is the MLP's ``gate``/``router`` beside
+its ``experts``; pre-norms are the layer's input / post-attention norms. The same finder
+serves transformers models and vLLM/SGLang-style module trees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+ATTN_NORM_NAMES = ("input_layernorm", "attention_norm", "ln_1")
+MLP_NORM_NAMES = ("post_attention_layernorm", "ffn_norm", "ln_2")
+MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward", "moe")
+ROUTER_NAMES = ("gate", "router")
+FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+@dataclass
+class LayerRoles:
+    index: int
+    layer: nn.Module
+    attn: nn.Module
+    mlp: nn.Module | None
+    attn_norm: nn.Module | None
+    mlp_norm: nn.Module | None
+    router: nn.Module | None
+
+    @property
+    def fused_qkv(self) -> bool:
+        return hasattr(self.attn, "qkv_proj")
+
+
+@dataclass
+class ModelRoles:
+    layers: list[LayerRoles]
+    embed: nn.Module | None
+    final_norm: nn.Module | None
+    lm_head: nn.Module | None
+    layers_path: str  # e.g. "model.layers"
+
+    @property
+    def moe_layers(self) -> set[int]:
+        return {lr.index for lr in self.layers if lr.router is not None}
+
+
+def is_attention(m: nn.Module) -> bool:
+    """q/k/v/o projections, or a fused qkv projection and an output projection."""
+    has = lambda *names: all(hasattr(m, n) for n in names)  # noqa: E731
+    return has("q_proj", "k_proj", "v_proj", "o_proj") or has("qkv_proj", "o_proj")
+
+
+def find_roles(model: nn.Module, config: object | None = None) -> ModelRoles | None:
+    """Roles of ``model``'s decoder stack, or None when it has no recognisable layers."""
+    best: tuple[str, nn.ModuleList] | None = None
+    for path, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) and all(_attention_child(x) is not None for x in mod):
+            if best is None or len(mod) > len(best[1]):
+                best = (path, mod)
+    if best is None:
+        return None
+    path, stack = best
+    n_experts = _expert_count(config)
+    layers = [_layer_roles(i, layer, n_experts) for i, layer in enumerate(stack)]
+    holder = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
+    return ModelRoles(layers=layers, embed=_embed(model, holder), final_norm=_child(holder, FINAL_NORM_NAMES),
+                      lm_head=_lm_head(model), layers_path=path)
+
+
+def _attention_child(layer: nn.Module) -> nn.Module | None:
+    for child in layer.children():
+        if is_attention(child):
+            return child
+    return None
+
+
+def _layer_roles(index: int, layer: nn.Module, n_experts: int | None) -> LayerRoles:
+    mlp = _child(layer, MLP_NAMES)
+    attn_norm, mlp_norm = _child(layer, ATTN_NORM_NAMES), _child(layer, MLP_NORM_NAMES)
+    if attn_norm is None:  # post-norm layouts (OLMo2-style): the pre-norm sites do not exist
+        mlp_norm = None
+    return LayerRoles(index=index, layer=layer, attn=_attention_child(layer), mlp=mlp,
+                      attn_norm=attn_norm, mlp_norm=mlp_norm, router=_router(mlp, n_experts))
+
+
+def _router(mlp: nn.Module | None, n_experts: int | None) -> nn.Module | None:
+    """The MoE gate: beside ``experts``, with one output row per expert."""
+    if mlp is None or not hasattr(mlp, "experts"):
+        return None
+    gate = _child(mlp, ROUTER_NAMES)
+    weight = getattr(gate, "weight", None)
+    if gate is None or weight is None or weight.dim() != 2:
+        return None
+    if n_experts is not None and weight.shape[0] != n_experts:
+        return None
+    return gate
+
+
+def _child(parent: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+    for name in names:
+        child = getattr(parent, name, None)
+        if isinstance(child, nn.Module):
+            return child
+    return None
+
+
+def _embed(model: nn.Module, holder: nn.Module) -> nn.Module | None:
+    get = getattr(model, "get_input_embeddings", None)
+    if get is not None:
+        try:
+            found = get()
+        except (NotImplementedError, AttributeError):
+            found = None
+        if isinstance(found, nn.Module):
+            return found
+    return _child(holder, ("embed_tokens", "wte", "tok_embeddings"))
+
+
+def _lm_head(model: nn.Module) -> nn.Module | None:
+    get = getattr(model, "get_output_embeddings", None)
+    if get is not None:
+        try:
+            found = get()
+        except (NotImplementedError, AttributeError):
+            found = None
+        if isinstance(found, nn.Module):
+            return found
+    return _child(model, ("lm_head", "output"))
+
+
+def _expert_count(config: object | None) -> int | None:
+    for key in EXPERT_COUNT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -1,0 +1,405 @@
+"""Alignment gate: is the inference engine aligned with the training engine on the same tokens?
+
+Both engines run the same token ids (teacher-forced, prefill); their captures are compared
+site by site, plus the MoE routing and the final per-token logprob. Every limit is relative
+to a *measured* noise floor (DESIGN.md section 6): the training engine is also run in
+float64, and the error of the training engine's own dtype against that float64 run is what
+"correct" looks like on this model. A site passes when
+
+    err(train vs infer) <= k * err(train vs train@float64) + atol(dtype)
+
+with k and atol per dtype of the compared pair (``aligntools.tolerance.DTYPE_RULES``: k = 2
+for float32, 3 for half types) - the rule of PyTorch Dynamo's ``same()``
+(torch/_dynamo/utils.py: ``res_error <= multiplier * ref_error + tol / 10`` against an
+fp64 reference, ``multiplier`` 2.0, 3.0 for low precision). The same rule bounds the routing
+flip fraction and the final mean/max |Δ logprob| (``LOGPROB_ATOL``, ``FLIP_ATOL``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from aligntools.report import Report
+from aligntools.tolerance import Tolerance, canonical_dtype, coarser
+
+TRAIN_DTYPES = ("float32", "bfloat16")
+CORPUS = Path(__file__).resolve().parent.parent / "datasets" / "tiny_corpus.txt"
+
+LOGPROB_ATOL: dict[str, tuple[float, float]] = {
+    # dtype -> (atol on mean |Δ logprob|, atol on max |Δ logprob|). fp32: an order above the
+    # ~1e-6 that two correct fp32 engines differ by (sdpa vs eager, fused vs unfused GEMMs).
+    # bf16: a quarter of bf16's unit roundoff (2**-9 ~ 2e-3) on the mean; a bf16 engine that
+    # rounds only where it must lands near 2e-3, an unaligned one several times above.
+    "float64": (1e-10, 1e-9),
+    "float32": (1e-5, 1e-4),
+    "float16": (2e-4, 2e-3),
+    "bfloat16": (5e-4, 5e-3),
+}
+FLIP_ATOL: dict[str, float] = {
+    # dtype -> allowed fraction of tokens whose top-k expert set differs, above k x the
+    # training engine's own flips against float64. fp32 leaves room for one near-tie in 500.
+    "float64": 0.0, "float32": 2e-3, "float16": 1e-2, "bfloat16": 1e-2,
+}
+
+
+class GateUsageError(ValueError):
+    """Bad input to the gate (path, engine spec, knob, checkpoint, tolerance file): exit code 2."""
+
+
+# ---------------------------------------------------------------- inputs
+
+def validate_checkpoint(path: str | os.PathLike) -> Path:
+    """An HF checkpoint directory whose config.json and safetensors headers read, else a
+    ``GateUsageError`` that says what is wrong (no model is loaded here)."""
+    p = Path(path)
+    if not p.exists():
+        raise GateUsageError(f"model path {p} does not exist")
+    cfg = p / "config.json"
+    if not p.is_dir() or not cfg.is_file():
+        raise GateUsageError(f"{p} is not an HF checkpoint directory (no config.json)")
+    try:
+        json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise GateUsageError(f"unreadable checkpoint {p}: config.json: {e}") from e
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
+        raise GateUsageError(f"unreadable checkpoint {p}: no *.safetensors weights")
+    from safetensors import safe_open
+
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                st.keys()
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise GateUsageError(f"unreadable checkpoint {p}: {f.name}: {e}") from e
+    return p
+
+
+def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> torch.Tensor:
+    """Token ids [B, S]: given ids pass through; a count takes that many tokens of the built-in
+    corpus (repeated if short), tokenized with the checkpoint's tokenizer, as ``n_seqs``
+    equal-length sequences (no padding, so both engines see exactly the same rows)."""
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dim() != 2 or tokens.shape[1] < 2:
+            raise GateUsageError(f"token ids must be [batch, seq >= 2]; got {tuple(tokens.shape)}")
+        return tokens.long()
+    if int(tokens) < 2 * n_seqs:
+        raise GateUsageError(f"--tokens must be at least {2 * n_seqs}; got {tokens}")
+    import transformers
+
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 - transformers raises many types for a bad tokenizer
+        raise GateUsageError(f"unreadable checkpoint {path}: cannot load its tokenizer: {e}") from e
+    ids = tok(CORPUS.read_text())["input_ids"]
+    ids = (ids * (1 + int(tokens) // max(len(ids), 1)))[: int(tokens)]
+    seq = int(tokens) // n_seqs
+    return torch.tensor(ids[: seq * n_seqs]).view(n_seqs, seq)
+
+
+def parse_train(spec: str) -> str:
+    """``hf`` -> float32, ``hf:bfloat16`` -> bfloat16 (the training engine's dtype)."""
+    from aligntools.engine_spec import parse_engine_spec
+
+    name, dtype, overrides = _parse(parse_engine_spec, spec)
+    if name != "hf" or overrides:
+        raise GateUsageError(f"--train must be hf[:DTYPE] with DTYPE in {TRAIN_DTYPES}; got {spec!r}")
+    dtype = dtype or "float32"
+    if dtype not in TRAIN_DTYPES:
+        raise GateUsageError(f"training dtype must be one of {TRAIN_DTYPES}; got {dtype!r}")
+    return dtype
+
+
+@dataclass(frozen=True)
+class InferSpec:
+    """The inference side: knobs (preset + overrides), the preset's name, dtype, overrides."""
+
+    knobs: object
+    preset: str
+    dtype: str
+    overrides: dict
+
+    @property
+    def label(self) -> str:
+        return f"minirl:{self.preset}:{self.dtype}"
+
+
+def parse_infer(spec: str, dtype: str | None) -> InferSpec:
+    """``minirl[:PRESET][,knob=value...]``. The preset sets the default dtype: bfloat16 for
+    ``typical`` (what inference servers run), float32 for ``aligned``."""
+    from aligntools.engine_spec import parse_engine_spec
+    from minirl import Knobs
+
+    name, preset, overrides = _parse(parse_engine_spec, spec)
+    if name != "minirl":
+        raise GateUsageError(f"--infer must be minirl[:PRESET][,knob=value...]; got {spec!r}")
+    presets = {"typical": Knobs.typical_inference, "aligned": Knobs.aligned}
+    preset = preset or "typical"
+    if preset not in presets:
+        raise GateUsageError(f"unknown preset {preset!r}; presets: {sorted(presets)}")
+    values = {k: _coerce(Knobs, k, v) for k, v in overrides.items()}
+    try:
+        knobs = presets[preset]().replace(**values)
+    except ValueError as e:
+        raise GateUsageError(str(e)) from e
+    dtype = dtype or ("float32" if preset == "aligned" else "bfloat16")
+    if dtype not in TRAIN_DTYPES:
+        raise GateUsageError(f"--dtype must be one of {TRAIN_DTYPES}; got {dtype!r}")
+    return InferSpec(knobs, preset, dtype, values)
+
+
+def _parse(parser, spec: str):
+    try:
+        return parser(spec)
+    except ValueError as e:
+        raise GateUsageError(str(e)) from e
+
+
+def _coerce(knobs_cls, name: str, value: object) -> object:
+    """A knob value given as text -> the field's type (``tp=2``, ``batch_invariant=true``)."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(knobs_cls)}
+    if name not in fields or not isinstance(value, str):
+        return value  # unknown names are reported by Knobs.replace with the valid list
+    default = fields[name].default
+    if isinstance(default, bool):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise GateUsageError(f"knob {name} takes true/false; got {value!r}")
+        return value.lower() in ("true", "1")
+    try:
+        if isinstance(default, int):
+            return int(value)
+        if name == "rmsnorm_eps":
+            return None if value.lower() == "none" else float(value)
+    except ValueError as e:
+        raise GateUsageError(f"knob {name}: cannot read {value!r} as a number") from e
+    return value
+
+
+def load_hf(path: Path, dtype: str):
+    """transformers model in ``dtype``, as a trainer loads it. float64 (the noise floor) runs
+    the experts in the eager per-expert loop: transformers' grouped_mm path has no float64."""
+    import transformers
+
+    extra = {"experts_implementation": "eager"} if dtype == "float64" else {}
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), **extra)
+    except Exception as e:  # noqa: BLE001 - a bad checkpoint surfaces as many error types
+        raise GateUsageError(f"unreadable checkpoint {path}: {type(e).__name__}: {e}") from e
+    return model.eval()
+
+
+@torch.no_grad()
+def hf_logprobs(path: Path, ids: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Training-engine logprobs [B, S-1] (float32 log-softmax of its logits, next token)."""
+    logits = load_hf(path, dtype)(input_ids=ids, use_cache=False).logits  # [B, S, V]
+    logp = logits.float().log_softmax(-1)[:, :-1]
+    return logp.gather(-1, ids[:, 1:, None])[..., 0]
+
+
+# ---------------------------------------------------------------- the gate
+
+SITE_COLUMNS = ["dtype", "rel_l2", "noise_floor", "limit", "growth", "passes"]
+
+
+@dataclass
+class GateResult:
+    """Verdict of ``check_alignment`` with everything that explains it.
+
+    ``table``: per site (execution order) ``dtype``, ``rel_l2`` (train vs infer),
+    ``noise_floor`` (train vs train@float64), ``limit``, ``growth``, ``passes``.
+    ``routing``: per MoE layer ``set_flip`` vs ``allowed`` (+ the Analyzer's margins).
+    ``logprob``: final |Δ logprob| mean/max with their floors and limits.
+    ``reasons``: one sentence per failed check (empty when ``passed``).
+    """
+
+    passed: bool
+    table: pd.DataFrame
+    routing: pd.DataFrame
+    logprob: pd.DataFrame
+    reasons: list[str]
+    comparison: object
+    setup: dict = field(default_factory=dict)
+
+    @property
+    def first_divergence(self):
+        return self.comparison.first_divergence
+
+    @property
+    def diagnosis(self) -> list:
+        return self.comparison.diagnosis
+
+    @property
+    def verdict(self) -> str:
+        head = "ALIGNED" if self.passed else "MISALIGNED"
+        return f"{head}: {self.setup['infer']} vs {self.setup['train']}" + (
+            "" if self.passed else " - " + "; ".join(self.reasons))
+
+    def summary(self) -> str:
+        """What ``mlab check`` prints: setup, site table, routing, logprobs, first divergence,
+        diagnosis, verdict."""
+        fmt = lambda v: f"{v:.3g}"  # noqa: E731
+        t = self.table.assign(passes=self.table["passes"].map({True: "pass", False: "FAIL"}))
+        out = [_setup_line(self.setup), t.to_string(float_format=fmt)]
+        if len(self.routing):
+            out.append("routing (fraction of tokens whose top-k expert set changed):\n"
+                       + self.routing[["set_flip", "allowed", "near_tie", "passes"]].to_string(float_format=fmt))
+        out.append("final |Δ logprob| over scored tokens:\n" + self.logprob.to_string(float_format=fmt))
+        fd = self.first_divergence
+        out.append(str(fd) if fd else "first divergence: none (no site jumps above its inputs' error)")
+        out.extend(["diagnosis:", *(f"  {f}" for f in self.diagnosis)] if self.diagnosis else ["diagnosis: no findings"])
+        out.append(self.verdict)
+        return "\n".join(out)
+
+    def figures(self) -> dict[str, object]:
+        """Named matplotlib figures: ``error_growth`` (the Analyzer's plot), ``logprob_gap``."""
+        from matplotlib.figure import Figure
+
+        figs = {"error_growth": self.comparison.plot()}
+        fig = Figure(figsize=(7, 3.2))
+        ax = fig.subplots()
+        dlp = self.comparison.per_token("logits")["dlogprob"].dropna()
+        ax.hist(np.log10(np.maximum(dlp.to_numpy(), 1e-12)), bins=40, color="#c0392b")
+        ax.axvline(np.log10(self.logprob.loc["mean", "limit"]), ls="--", c="k", label="limit on the mean")
+        ax.set(xlabel="log10 |Δ logprob| per token", ylabel="tokens",
+               title=f"{self.setup['infer']} vs {self.setup['train']}")
+        ax.legend()
+        fig.tight_layout()
+        figs["logprob_gap"] = fig
+        return figs
+
+    def report(self) -> Report:
+        """The self-contained HTML report (``Report.write(path)`` writes it)."""
+        r = Report(f"Alignment gate: {self.setup['infer']} vs {self.setup['train']}")
+        r.verdict(self.passed, self.verdict)
+        r.text(_setup_line(self.setup))
+        r.text(f"Limits: k x noise floor + atol (dtype of the pair); noise floor = the training engine's "
+               f"own error against a float64 run of the same model on the same tokens.")
+        r.heading("Final |Δ logprob|").table(self.logprob, failed=~self.logprob["passes"])
+        fd = self.first_divergence
+        r.heading("First divergence").text(str(fd) if fd else "none: no site jumps above its inputs' error")
+        r.heading("Diagnosis")
+        for f in self.diagnosis or ["no findings"]:
+            r.text(str(f))
+        if len(self.routing):
+            r.heading("Routing").table(self.routing, failed=~self.routing["passes"])
+        r.heading("Per-site errors (relative L2, train vs infer)").table(self.table, failed=~self.table["passes"])
+        r.heading("Plots")
+        for name, fig in self.figures().items():
+            r.figure(fig, caption=name.replace("_", " "))
+        return r
+
+    def write_report(self, path: str | os.PathLike) -> Path:
+        return self.report().write(path)
+
+
+def _setup_line(setup: dict) -> str:
+    knobs = ", ".join(f"{k}={v}" for k, v in setup["knob_overrides"].items()) or "preset values"
+    return (f"model {setup['model']}; {setup['n_tokens']} tokens ({setup['batch']} sequences); "
+            f"train {setup['train']}; infer {setup['infer']} ({knobs})")
+
+
+def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str = "minirl",
+                    dtype: str | None = None, tokens: int | torch.Tensor = 256,
+                    tolerance: str | os.PathLike | Tolerance | None = None,
+                    progress: bool = True) -> GateResult:
+    """Run the gate (see the module docstring). Usage errors raise ``GateUsageError``.
+
+    ``train``: ``hf`` (float32) or ``hf:bfloat16``. ``infer``: ``minirl[:PRESET][,knob=value]``
+    with presets ``typical`` (default) and ``aligned``. ``dtype``: the inference side's dtype
+    (default bfloat16 for typical, float32 for aligned). ``tokens``: built-in text token count
+    or ids [B, S]. ``tolerance``: a Tolerance or a JSON file overriding the per-site rules.
+    """
+    from tqdm.auto import tqdm
+
+    from aligntools.compare import compare
+    from aligntools.tracker import capture
+    from minirl import Engine
+
+    path = validate_checkpoint(model_path)
+    train_dtype = parse_train(train)
+    inf = parse_infer(infer, dtype)
+    policy = _tolerance(tolerance)
+    ids = prepare_tokens(path, tokens)  # [B, S]
+    bar = tqdm(total=5, desc="alignment gate", unit="step", disable=not progress)
+
+    def step(what: str, fn):
+        bar.set_postfix_str(what)
+        value = fn()
+        bar.update(1)
+        return value
+
+    train_cap = step("train capture", lambda: capture(load_hf(path, train_dtype), ids, progress=False))
+    ref_cap = step("float64 capture", lambda: capture(load_hf(path, "float64"), ids, progress=False))
+    engine = Engine.from_pretrained(path, dtype=inf.dtype, knobs=inf.knobs)
+    infer_cap = step("infer capture", lambda: capture(engine, ids, progress=False))
+    floor = step("noise floor", lambda: compare(ref_cap, train_cap, labels=("hf:float64", "train")))
+    floors = {s: r.summary["rel_l2"] for s, r in floor.results.items() if "rel_l2" in r.summary}
+    labels = (f"hf:{train_dtype}", inf.label)
+    cmp = step("compare", lambda: compare(train_cap, infer_cap, tolerance=policy.with_noise_floor(floors),
+                                          labels=labels))
+    bar.close()
+    setup = {"model": str(path), "n_tokens": int(ids.numel()), "batch": int(ids.shape[0]), "train": labels[0],
+             "infer": labels[1], "knob_overrides": inf.overrides, "knobs": inf.knobs.to_dict()}
+    return _verdict(cmp, floor, floors, setup, coarser(train_dtype, inf.dtype))
+
+
+def _tolerance(tolerance: str | os.PathLike | Tolerance | None) -> Tolerance:
+    if tolerance is None or isinstance(tolerance, Tolerance):
+        return tolerance or Tolerance()
+    try:
+        return Tolerance.load(tolerance)
+    except (OSError, ValueError, TypeError) as e:
+        raise GateUsageError(f"cannot use tolerance file {tolerance}: {e}") from e
+
+
+def _verdict(cmp, floor, floors: dict[str, float], setup: dict, dtype: str) -> GateResult:
+    """Combine the three checks (sites, routing, final logprob) into one verdict."""
+    t = cmp.table
+    table = t.assign(noise_floor=pd.Series(floors).reindex(t.index))[SITE_COLUMNS]
+    reasons = []
+    failed = list(table.index[~table["passes"]])
+    if failed:
+        worst = (table["rel_l2"] / table["limit"]).idxmax()
+        reasons.append(f"{len(failed)} of {len(table)} sites over their limit (first {failed[0]}; worst {worst}: "
+                       f"rel. L2 {table.loc[worst, 'rel_l2']:.3g} > limit {table.loc[worst, 'limit']:.3g})")
+    routing = _routing(cmp, floor, dtype)
+    for layer, r in routing[~routing["passes"]].iterrows():
+        reasons.append(f"L{layer}: {r['set_flip']:.1%} of tokens changed top-k experts (allowed {r['allowed']:.1%})")
+    logprob = _logprob(cmp, floor, dtype)
+    for stat, r in logprob[~logprob["passes"]].iterrows():
+        reasons.append(f"{stat} |Δ logprob| {r['value']:.3g} > limit {r['limit']:.3g}")
+    return GateResult(passed=not reasons, table=table, routing=routing, logprob=logprob, reasons=reasons,
+                      comparison=cmp, setup=setup)
+
+
+def _routing(cmp, floor, dtype: str) -> pd.DataFrame:
+    """Per MoE layer: set-flip fraction vs k x the training engine's own flips + FLIP_ATOL."""
+    r = cmp.routing.copy()
+    own = floor.routing["set_flip"].reindex(r.index).fillna(0.0)
+    k = np.array([cmp.tolerance.rule(f"L{i}.topk_ids", dtype).k for i in r.index], dtype=float)
+    r["allowed"] = k * own + FLIP_ATOL[dtype]
+    r["passes"] = (r["set_flip"] <= r["allowed"]).astype(bool)
+    return r
+
+
+def _logprob(cmp, floor, dtype: str) -> pd.DataFrame:
+    """mean / max |Δ logprob| of the scored tokens vs k x the training engine's own + atol."""
+    if "logits" not in cmp.results:
+        raise GateUsageError("the captures have no logits site: the final logprob cannot be checked")
+    k = cmp.tolerance.rule("logits", dtype).k
+    rows = []
+    for stat, atol in zip(("mean", "max"), LOGPROB_ATOL[dtype]):
+        value = cmp.results["logits"].summary[f"dlogprob_{stat}"]
+        own = floor.results["logits"].summary[f"dlogprob_{stat}"]
+        limit = k * own + atol
+        rows.append({"stat": stat, "value": value, "noise_floor": own, "limit": limit, "passes": bool(value <= limit)})
+    return pd.DataFrame(rows).set_index("stat")

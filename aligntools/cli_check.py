@@ -1,0 +1,43 @@
+"""``mlab check``: the alignment gate from the command line (CI-friendly exit codes).
+
+    mlab check --model PATH --train hf[:DTYPE] --infer minirl[:PRESET][,knob=value...]
+               [--dtype float32|bfloat16] [--tokens N] [--tolerance FILE] [--report out.html]
+
+Exit codes: 0 aligned, 1 misaligned, 2 usage error (bad path, unknown knob, unreadable
+checkpoint, unwritable report). The verdict is printed before the report is written, so an
+unwritable report path still leaves the full answer in the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "check", help="alignment gate: is the inference engine aligned with the training engine?",
+        description="Run the training engine (transformers) and the minirl inference engine on the same "
+                    "tokens, compare them site by site, routing and final logprobs against limits derived "
+                    "from the training engine's own error vs float64. Exit 0 aligned, 1 misaligned, 2 usage error.")
+    p.add_argument("--model", required=True, help="HF checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("--train", default="hf", help="training engine: hf (float32) or hf:bfloat16 (default: hf)")
+    p.add_argument("--infer", default="minirl",
+                   help="inference engine: minirl[:PRESET][,knob=value...], presets typical (default), aligned")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="inference dtype (default: bfloat16 for typical, float32 for aligned)")
+    p.add_argument("--tokens", type=int, default=256, help="tokens of built-in text to run (default: 256)")
+    p.add_argument("--tolerance", default=None, help="JSON file overriding the per-site tolerance rules")
+    p.add_argument("--report", default=None, help="write a self-contained HTML report here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aligntools.alignment_gate import check_alignment
+
+    result = check_alignment(args.model, train=args.train, infer=args.infer, dtype=args.dtype,
+                             tokens=args.tokens, tolerance=args.tolerance, progress=sys.stderr.isatty())
+    print(result.summary())
+    if args.report:
+        print(f"report: {result.write_report(args.report)}")
+    return 0 if result.passed else 1

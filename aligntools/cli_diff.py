@@ -1,0 +1,55 @@
+"""``mlab diff a.nc b.nc``: table, first divergence and diagnosis of two saved captures.
+
+Exit codes (for CI): 0 = every site within tolerance, 1 = some site is not, 2 = usage
+error (missing or unreadable file, captures that cannot be aligned, bad tolerance file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aligntools.token_align import MODES
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``diff`` subcommand; the handler is ``args.func(args) -> exit code``."""
+    p = subparsers.add_parser("diff", help="compare two saved captures",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a", help="trusted capture (training side / baseline), .nc or .zarr")
+    p.add_argument("b", help="capture under test (inference side / candidate)")
+    p.add_argument("--sites", default=None, help="glob pattern(s), comma separated (default: all shared)")
+    p.add_argument("--tolerance", default=None, help="JSON tolerance file (see aligntools.tolerance)")
+    p.add_argument("--reference", default=None, help="higher-precision capture of a's side: sets the noise floor")
+    p.add_argument("--align", default="strict", choices=MODES, help="token alignment mode")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the comparison of ``args.a`` and ``args.b``; return the exit code."""
+    from aligntools.capture import CaptureFileError
+    from aligntools.compare import compare, load_capture
+
+    try:
+        a, b = load_capture(args.a), load_capture(args.b)
+        ref = load_capture(args.reference) if args.reference else None
+        cmp = compare(a, b, ref, sites=args.sites, align=args.align, tolerance=args.tolerance,
+                      labels=(args.a, args.b))
+    except (FileNotFoundError, CaptureFileError, ValueError, TypeError) as e:
+        print(f"mlab diff: error: {e}", file=sys.stderr)
+        return 2
+    print(cmp.summary())
+    return 0 if cmp.passes else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m aligntools.cli_diff a b``), same as ``mlab diff``."""
+    parser = argparse.ArgumentParser(prog="mlab")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["diff", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Diagnosis rules: name the likely cause of each error jump from where it appears.
+
+Why rules on the *pattern* of jumps: each alignment knob leaves a fingerprint on the site
+graph of a layer (Ring-linear section 5.2.1 checklist). A precision fault in RMSNorm makes
+the error appear at a ``*_norm`` site whose input residual is clean; a RoPE table fault
+shows at q/k but not at v (v has no rotary embedding) while attn_norm is clean; an
+attention-path difference shows at attn_out with q/k/v clean; a router precision fault at
+router_logits with mlp_norm clean, plus top-k flips concentrated at tiny margins; an
+lm_head fault at logits with final_norm clean. A *jump* is defined in ``divergence``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from aligntools import sites as S
+
+CAUSES: dict[str, str] = {
+    "embedding": "embedding weights or their dtype differ",
+    "rmsnorm_precision": "RMSNorm computed in lower precision (Knobs.rmsnorm: 'hf' or 'fp32_residual')",
+    "rmsnorm_eps": "RMSNorm eps/scale mismatch: error is a per-token rescaling (Knobs.rmsnorm_eps)",
+    "rope": "RoPE cos/sin table precision or style (Knobs.rope, Knobs.rope_cache_dtype)",
+    "qkv_projection": "q/k/v projection GEMM precision or fusion (all of q, k, v jump)",
+    "attention_path": "attention backend, prefill-vs-decode path or KV-cache dtype "
+                      "(Knobs.attention, Knobs.decode, Knobs.kv_cache_dtype)",
+    "residual_precision": "residual add in lower precision (fused add+RMSNorm; Knobs.rmsnorm='fp32_residual')",
+    "router_precision": "router GEMM/scoring precision (Knobs.router_dtype)",
+    "unstable_topk": "top-k flips at near-tie margins: unstable tie-breaking (Knobs.topk='stable')",
+    "routing_disagreement": "top-k flips at large margins: router inputs really differ upstream",
+    "gate_weights": "top-k gate weights (renormalisation or precision) differ",
+    "mlp_path": "expert/MLP computation (Knobs.expert_sum_order, Knobs.tp, weight dtype)",
+    "lm_head_precision": "lm_head GEMM / softmax precision (Knobs.lm_head_dtype)",
+    "logprob_computation": "logprob/entropy derivation from logits",
+    "nonfinite": "NaN/Inf on one side only",
+    "unexplained": "error jumps at a site no rule covers",
+}
+
+_KIND_CAUSE = {
+    "embed": "embedding", "attn_norm": "rmsnorm_precision", "mlp_norm": "rmsnorm_precision",
+    "final_norm": "rmsnorm_precision", "q": "rope", "k": "rope", "v": "qkv_projection",
+    "attn_out": "attention_path", "resid_mid": "residual_precision", "resid_post": "residual_precision",
+    "router_logits": "router_precision", "topk_weights": "gate_weights", "mlp_out": "mlp_path",
+    "logits": "lm_head_precision", "logprobs": "logprob_computation", "entropy": "logprob_computation",
+}
+_NORMS = ("attn_norm", "mlp_norm", "final_norm")
+RADIAL_FRACTION = 0.9
+"""An error is a per-token rescaling (eps-like) when at least this share of its energy lies
+along the token's own vector, i.e. cosine stays ~1 while the norm changes."""
+NEAR_TIE_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One named cause. ``also``: later sites where the same cause fired (e.g. every layer)."""
+
+    cause: str
+    site: str
+    evidence: str
+    confidence: float
+    also: tuple[str, ...] = field(default=())
+
+    @property
+    def description(self) -> str:
+        return CAUSES[self.cause]
+
+    def __str__(self) -> str:
+        more = f" (also {', '.join(self.also[:4])}{'...' if len(self.also) > 4 else ''})" if self.also else ""
+        return f"[{self.confidence:.2f}] {self.cause} at {self.site}{more}: {self.description}. {self.evidence}"
+
+
+def _confidence(contrast: float) -> float:
+    """0.4 at a 1x contrast, +0.15 per decade, capped at 0.95 (inf = clean input)."""
+    if not math.isfinite(contrast):
+        return 0.95
+    return float(min(0.95, max(0.05, 0.4 + 0.15 * math.log10(max(contrast, 1e-12)))))
+
+
+def radial_share(per_token: pd.DataFrame) -> float:
+    """Median share of error energy along a (1 - perpendicular share): for b = a + d,
+    ``1 - cos(a, b) ~ |d_perp|^2 / (2|a|^2)`` while ``rel_l2^2 = |d|^2 / |a|^2``."""
+    t = per_token[per_token["rel_l2"] > 0]
+    if t.empty:
+        return float("nan")
+    perp = (1.0 - t["cosine"]) / (t["rel_l2"] ** 2 / 2)
+    return float(1.0 - np.clip(perp, 0.0, 1.0).median())
+
+
+def _jump_finding(site: str, g: pd.DataFrame, per_token: Callable[[str], pd.DataFrame]) -> Finding | None:
+    s = S.parse(site)
+    r = g.loc[site]
+    cause = _KIND_CAUSE.get(s.kind, "unexplained")
+    ups = ", ".join(f"{u} {g.loc[u, 'error']:.2g}" for u in r["upstream"]) or "no input site"
+    evidence = f"rel. L2 error {r['error']:.3g} (limit {r['limit']:.2g}) vs inputs: {ups}"
+    contrast = r["growth"]
+    if s.kind in _NORMS and "cosine" in per_token(site):
+        share = radial_share(per_token(site))
+        if share >= RADIAL_FRACTION:
+            cause = "rmsnorm_eps"
+        evidence += f"; {share:.0%} of the error is a per-token rescaling"
+    if s.kind in ("q", "k"):
+        v = f"L{s.layer}.v"
+        if v in g.index:
+            e_v = g.loc[v, "error"]
+            if g.loc[v, "jumps"]:
+                cause = "qkv_projection"
+            else:
+                contrast = min(contrast, r["error"] / e_v if e_v > 0 else math.inf)
+            evidence += f"; v error {e_v:.2g}"
+    return Finding(cause, site, evidence, _confidence(contrast))
+
+
+def _routing_findings(routing: pd.DataFrame) -> list[Finding]:
+    out = []
+    for layer, r in routing[routing["set_flip"] > 0].iterrows():
+        near = r["near_tie"]
+        cause = "unstable_topk" if near >= NEAR_TIE_SHARE else "routing_disagreement"
+        evidence = (f"{r['set_flip']:.1%} of tokens changed top-{int(r['k'])} set "
+                    f"({r['order_flip']:.1%} order-only); median margin of flipped tokens "
+                    f"{r['margin_flipped']:.2g} vs {r['margin_all']:.2g} overall; "
+                    f"{near:.0%} of flips within the score error")
+        conf = 0.5 if not np.isfinite(near) else 0.5 + 0.45 * abs(near - NEAR_TIE_SHARE) * 2
+        out.append(Finding(cause, f"L{layer}.topk_ids", evidence, float(min(conf, 0.95))))
+    return out
+
+
+def _nonfinite_findings(table: pd.DataFrame) -> list[Finding]:
+    if "nonfinite_mismatch" not in table:
+        return []
+    bad = table[table["nonfinite_mismatch"].fillna(0) > 0]
+    return [Finding("nonfinite", site, f"{int(r['nonfinite_mismatch'])} elements are NaN/Inf on one "
+                    f"side only (a: {int(r['nonfinite_a'])}, b: {int(r['nonfinite_b'])} non-finite)", 0.95)
+            for site, r in bad.iterrows()]
+
+
+def diagnose(g: pd.DataFrame, table: pd.DataFrame, routing: pd.DataFrame,
+             per_token: Callable[[str], pd.DataFrame]) -> list[Finding]:
+    """Findings in execution order of their first site, one per cause (repeats in ``also``).
+
+    g: ``divergence.growth`` table; table: the comparison table (for NaN/Inf counts);
+    routing: ``routing_diff`` table; per_token: site -> per-token metrics (rel_l2, cosine).
+    """
+    flipped_layers = set(routing.index[routing["set_flip"] > 0])
+    raw: list[Finding] = _nonfinite_findings(table) + _routing_findings(routing)
+    for site in g.index[g["jumps"]]:
+        s = S.parse(site)
+        if s.kind in ("topk_weights", "mlp_out") and s.layer in flipped_layers:
+            continue  # explained by the routing flips of this layer
+        if site in {f.site for f in raw if f.cause == "nonfinite"}:
+            continue
+        f = _jump_finding(site, g, per_token)
+        if f is not None:
+            raw.append(f)
+    raw.sort(key=lambda f: S.order_key(f.site))
+    grouped: dict[str, Finding] = {}
+    for f in raw:
+        if f.cause in grouped:
+            first = grouped[f.cause]
+            grouped[f.cause] = Finding(first.cause, first.site, first.evidence, first.confidence,
+                                       first.also + (f.site,))
+        else:
+            grouped[f.cause] = f
+    return list(grouped.values())

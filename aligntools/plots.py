@@ -1,0 +1,108 @@
+"""Figures of a Comparison: layer-wise error growth and a token x layer heatmap.
+
+Why ``matplotlib.figure.Figure`` and never pyplot: figures must render headless (CI, the
+notebook runner) and be returned as data (labs return figures, never only show them);
+a bare Figure needs no backend and displays inline in Jupyter all the same.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
+
+from aligntools import sites as S
+
+if TYPE_CHECKING:
+    from aligntools.comparison import Comparison
+
+_TINY = 1e-30
+
+
+def growth_curve(cmp: Comparison, metric: str = "rel_l2", ax: Axes | None = None) -> Figure:
+    """``metric`` per site in execution order (log y), tolerance limits dashed, the first
+    divergence marked: where the error takes off is visible at a glance."""
+    fig, ax = _fig_ax(ax)
+    t = cmp.table[cmp.table[metric].notna()]
+    x = np.arange(len(t))
+    ax.semilogy(x, np.maximum(t[metric].to_numpy(float), _TINY), ".-", lw=1, label=metric)
+    if metric == "rel_l2":
+        ax.semilogy(x, t["limit"].to_numpy(float), "--", color="gray", lw=1, label="limit")
+    fd = cmp.first_divergence
+    if fd is not None and fd.site in t.index:
+        i = list(t.index).index(fd.site)
+        ax.semilogy([i], [max(t[metric].iloc[i], _TINY)], "o", color="red", ms=9, mfc="none",
+                    label=f"first divergence: {fd.site}")
+    ticks = [i for i, s in enumerate(t.index) if S.parse(s).kind in ("attn_norm", "embed", "final_norm", "logits")]
+    ax.set_xticks(ticks, [t.index[i] for i in ticks], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(metric)
+    ax.set_title(f"error growth ({cmp.labels[1]} vs {cmp.labels[0]})")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def token_matrix(cmp: Comparison, sites: list[str], metric: str = "rel_l2") -> np.ndarray:
+    """[tokens, len(sites)] per-token ``metric`` (NaN where a site lacks it)."""
+    n = len(cmp.alignment)
+    cols = [np.asarray(cmp.results[s].rows.get(metric, np.full(n, np.nan)), float) for s in sites]
+    return np.stack(cols, axis=1) if cols else np.zeros((n, 0))
+
+
+def _heatmap(cmp: Comparison, sites: list[str], labels: list[str], metric: str, ax: Axes | None,
+             xlabel: str, title: str) -> Figure:
+    fig, ax = _fig_ax(ax)
+    mat = token_matrix(cmp, sites, metric)
+    pos = mat[np.isfinite(mat) & (mat > 0)]
+    if not pos.size:
+        ax.text(0.5, 0.5, f"no nonzero {metric} to show", ha="center", va="center")
+        ax.set_title(title)
+        return fig
+    norm = LogNorm(vmin=pos.min(), vmax=max(pos.max(), pos.min() * 10))
+    im = ax.imshow(np.where(mat > 0, mat, np.nan), aspect="auto", interpolation="nearest", norm=norm,
+                   cmap="magma")
+    ax.set_xticks(range(len(labels)), labels, rotation=60 if len(labels) > 8 else 0, fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("token (request, position)")
+    tok = cmp.alignment.tokens
+    step = max(1, len(tok) // 12)
+    ax.set_yticks(range(0, len(tok), step),
+                  [f"{r},{p}" for r, p in zip(tok["request"][::step], tok["position"][::step])], fontsize=7)
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax)
+    return fig
+
+
+def token_heatmap(cmp: Comparison, kind: str = "resid_post", metric: str = "rel_l2",
+                  ax: Axes | None = None) -> Figure:
+    """Tokens x layers image of the per-token ``metric`` at ``L*.{kind}`` (log colour), so
+    errors confined to some tokens (decode steps, one request) stand out."""
+    layers = sorted(S.parse(s).layer for s in cmp.results
+                    if S.parse(s).kind == kind and S.parse(s).layer is not None)
+    return _heatmap(cmp, [f"L{i}.{kind}" for i in layers], [str(i) for i in layers], metric, ax,
+                    "layer", f"{metric} at L*.{kind}")
+
+
+def layer_heatmap(cmp: Comparison, layer: int, metric: str = "rel_l2", ax: Axes | None = None) -> Figure:
+    """Tokens x sites of one layer: inside a layer, which site the error starts at."""
+    sites = [s for s in cmp.results if S.parse(s).layer == layer and cmp.results[s].basis != "ids"]
+    return _heatmap(cmp, sites, [S.parse(s).kind for s in sites], metric, ax, "site",
+                    f"{metric} in layer {layer}")
+
+
+def plot_comparison(cmp: Comparison, kind: str = "resid_post", metric: str = "rel_l2") -> Figure:
+    """Growth curve (left) and token x layer heatmap (right) in one Figure."""
+    fig = Figure(figsize=(13, 4.5), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[3, 2])
+    growth_curve(cmp, metric, ax=left)
+    token_heatmap(cmp, kind, metric, ax=right)
+    return fig
+
+
+def _fig_ax(ax: Axes | None) -> tuple[Figure, Axes]:
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    return fig, fig.subplots()

@@ -1,0 +1,294 @@
+"""The engine-neutral core of the Tracker: turns ``emit(site, value, meta)`` into capture rows.
+
+Adapters (hf, minirl, vllm, ...) only translate their engine into ``emit`` calls with the
+architecture doc's token layout ([N, ...] flat over tokens + TokenMetaLike). Everything else is
+here, once: the token row table (one row per (request, position, step)), the token filter,
+tensor vs stats storage, the byte budget, the derived ``logprobs``/``entropy`` sites, and
+streaming finished rows to a store so a long capture does not have to fit in memory.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from aligntools.capture_store import TOKEN, TOKEN_COORDS, MemoryStore, Store, VarSpec
+from aligntools.derived import NextTokenLogprobs
+from aligntools.sites import sort_sites, trailing_dims
+from aligntools.stats import STAT_NAMES, row_stats
+from aligntools.token_meta import TokenMetaLike
+
+DERIVED = ("logprobs", "entropy")
+TokenFilter = Callable[[TokenMetaLike], torch.Tensor]  # -> BoolTensor [N]: which rows to keep
+
+
+class CaptureBudgetExceeded(RuntimeError):
+    """Tensor capture would exceed ``budget_bytes``; what was captured before is kept."""
+
+
+class Recorder:
+    """Accumulates emitted site values into token rows and flushes them to a store.
+
+    ``sites``: the selected site names (derived ones included). ``flush_bytes``: buffered
+    bytes of finished rows that trigger a write to the store (None: only at ``finish``).
+    """
+
+    def __init__(self, sites: list[str], mode: Literal["tensor", "stats"], store: Store, *,
+                 budget_bytes: int | None = None, on_budget: Literal["error", "stats"] = "error",
+                 token_filter: TokenFilter | None = None, flush_bytes: float | None = 64 << 20,
+                 progress: bool | None = None) -> None:
+        if mode not in ("tensor", "stats"):
+            raise ValueError(f"mode must be 'tensor' or 'stats', got {mode!r}")
+        if on_budget not in ("error", "stats"):
+            raise ValueError(f"on_budget must be 'error' or 'stats', got {on_budget!r}")
+        self.mode = mode
+        self.sites = set(sites)
+        self.store = store
+        self.budget_bytes, self.on_budget = budget_bytes, on_budget
+        self.token_filter = token_filter
+        self.flush_bytes = math.inf if flush_bytes is None else flush_bytes
+        self.notes: list[str] = []
+        self._derive = NextTokenLogprobs() if self.sites & set(DERIVED) else None
+        self._specs: dict[str, VarSpec] = {
+            c: VarSpec((TOKEN,), np.dtype(np.int64)) for c in TOKEN_COORDS}
+        self._dim_sizes: dict[str, int] = {}
+        self._keys: dict[tuple[int, int, int], int] = {}
+        self._token_of: dict[tuple[int, int], int] = {}
+        self._coords: dict[str, list[int]] = {c: [] for c in TOKEN_COORDS}
+        self._buffer: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._late: dict[str, list[tuple[int, float]]] = {}
+        self._buffered_bytes = 0
+        self._stored_bytes = 0
+        self._flushed = 0  # rows [0, _flushed) are in the store
+        self._done = 0  # rows [0, _done) belong to finished steps
+        self._step_key: tuple[int, int] | None = None
+        self._call = -1
+        self._req_offset = 0
+        self._n_requests = 0
+        self._meta_cache: tuple[TokenMetaLike, torch.Tensor | None, torch.Tensor, list] | None = None
+        # progress=None: tqdm shows the bar only on a terminal
+        self._bar = tqdm(desc="capture", unit="tok", disable=None if progress is None else not progress,
+                         leave=False)
+        self._stat_written = False
+
+    # ---- what adapters call -------------------------------------------------------------
+
+    @property
+    def needed(self) -> set[str]:
+        """Sites an adapter must emit: the selected ones, plus ``logits`` for derived ones."""
+        return (self.sites - set(DERIVED)) | ({"logits"} if self._derive else set())
+
+    def begin_call(self) -> None:
+        """A new engine call: its request indices start after every earlier call's."""
+        self._req_offset = self._n_requests
+        self._call += 1
+        self._meta_cache = None
+        if self._derive:
+            self._derive = NextTokenLogprobs()  # earlier calls' last rows never get a next token
+
+    def emit(self, site: str, value: torch.Tensor, meta: TokenMetaLike) -> None:
+        """Record ``value`` [N, ...] (the engine's dtype, N = len(meta.request))."""
+        if self._call < 0:
+            self.begin_call()
+        keep, rows, keys = self._rows(meta)
+        if len(rows) == 0:
+            return
+        v = value.detach()
+        if keep is not None:
+            v = v[keep.to(v.device)]
+        if site in self.sites:
+            self._store(site, rows, v, copy=keep is None)
+        if site == "logits" and self._derive is not None:
+            lp, ent = self._derive.on_logits(rows, keys, v, self._token_of)
+            for name, val in (("logprobs", lp), ("entropy", ent)):
+                if name in self.sites:
+                    self._store(name, rows, val, copy=False, dtype_attr="float32")
+
+    def finish(self, attrs: dict, complete: bool) -> None:
+        """Flush every row, write ``attrs`` with ``complete`` and close the store."""
+        self._flush(len(self._coords["step"]))
+        self._bar.close()
+        final = {**attrs, "mode": self.mode, "complete": int(complete)}
+        if self.notes:
+            final["notes"] = "; ".join(self.notes)
+        self.store.close(final)
+
+    # ---- rows ---------------------------------------------------------------------------
+
+    def _rows(self, meta: TokenMetaLike) -> tuple[torch.Tensor | None, torch.Tensor, list]:
+        """(kept local indices or None for all, capture rows [n], (request, position) keys)."""
+        cache = self._meta_cache
+        if cache is not None and cache[0] is meta:
+            return cache[1], cache[2], cache[3]
+        request = (meta.request.cpu() + self._req_offset).tolist()
+        position = meta.position.cpu().tolist()
+        token = meta.token_id.cpu().tolist()
+        step = int(meta.step)
+        self._n_requests = max(self._n_requests, max(request, default=-1) + 1)
+        keep = None
+        if self.token_filter is not None:
+            mask = torch.as_tensor(self.token_filter(meta), dtype=torch.bool).cpu()
+            keep = torch.nonzero(mask)[:, 0]
+        for r, p, t in zip(request, position, token):
+            if (r, p) not in self._token_of:
+                self._token_of[(r, p)] = t
+                self._resolve_late(r, p, t)
+        idx = range(len(request)) if keep is None else keep.tolist()
+        if (self._call, step) != self._step_key:
+            self._step_key = (self._call, step)
+            self._done = len(self._coords["step"])
+            self._maybe_flush()
+        rows, keys = [], []
+        for i in idx:
+            key = (request[i], position[i], step)
+            row = self._keys.get(key)
+            if row is None:
+                row = self._keys[key] = len(self._coords["step"])
+                for name, val in zip(TOKEN_COORDS, (token[i], position[i], request[i], step)):
+                    self._coords[name].append(val)
+                self._bar.update(1)
+            rows.append(row)
+            keys.append((request[i], position[i]))
+        out = (keep, torch.tensor(rows, dtype=torch.long), keys)
+        self._meta_cache = (meta, *out)
+        return out
+
+    def _resolve_late(self, request: int, position: int, token: int) -> None:
+        if self._derive is None or "logprobs" not in self.sites:
+            return
+        hit = self._derive.on_token((request, position), token)
+        if hit is not None:
+            self._late.setdefault("logprobs", []).append(hit)
+
+    # ---- values -------------------------------------------------------------------------
+
+    def _store(self, site: str, rows: torch.Tensor, v: torch.Tensor, *, copy: bool,
+               dtype_attr: str | None = None) -> None:
+        if site not in self._specs:
+            self._specs[site] = self._spec(site, v, dtype_attr or str(v.dtype).removeprefix("torch."))
+        if self.budget_bytes is not None and self._stored_bytes + self._nbytes(v) > self.budget_bytes:
+            self._over_budget(site, v)
+        if self.mode == "stats":
+            data = row_stats(v).cpu()  # [n, 8] float64
+        else:
+            target = torch.int64 if not v.is_floating_point() else torch.float32
+            data = v.reshape(v.shape[0], *self._trailing(site, v)).to("cpu", target, copy=copy)
+        self._stored_bytes += data.nbytes
+        self._buffered_bytes += data.nbytes
+        self._buffer.setdefault(site, []).append((rows, data))
+
+    def _nbytes(self, v: torch.Tensor) -> int:
+        """Bytes ``v`` will take once stored (checked before anything is allocated)."""
+        if self.mode == "stats":
+            return v.shape[0] * len(STAT_NAMES) * 8
+        return v.numel() * (4 if v.is_floating_point() else 8)
+
+    def _trailing(self, site: str, v: torch.Tensor) -> tuple[int, ...]:
+        """Trailing shape matching the site's dims (extra dims are flattened into one)."""
+        n_dims = len(trailing_dims(site))
+        if n_dims == 0:
+            return ()
+        return (*v.shape[1:n_dims], int(np.prod(v.shape[n_dims:], dtype=np.int64)))
+
+    def _spec(self, site: str, v: torch.Tensor, dtype_attr: str) -> VarSpec:
+        attrs = {"dtype": dtype_attr}
+        if site in DERIVED:
+            attrs["derived_from"] = "logits"
+        if self.mode == "stats":
+            return VarSpec((TOKEN, "stat"), np.dtype(np.float64), attrs)
+        dims = []
+        for dim, size in zip(trailing_dims(site), self._trailing(site, v)):
+            if self._dim_sizes.setdefault(dim, size) != size:
+                dim = f"{dim}.{site}"  # raw module paths share the name "feature" at other sizes
+                self._dim_sizes[dim] = size
+            dims.append(dim)
+        dtype = np.int64 if not v.is_floating_point() else np.float32
+        return VarSpec((TOKEN, *dims), np.dtype(dtype), attrs)
+
+    def _over_budget(self, site: str, v: torch.Tensor) -> None:
+        msg = (f"capturing {site!r} would bring the capture to {self._stored_bytes + self._nbytes(v)} bytes, "
+               f"over budget_bytes={self.budget_bytes}")
+        if self.mode == "stats" or self.on_budget == "error":
+            raise CaptureBudgetExceeded(msg + "; the rows captured so far are kept (capture marked partial)")
+        self._downgrade()
+        self.notes.append(f"downgraded to stats mode at token row {len(self._coords['step'])}: {msg}")
+        if self._stored_bytes + self._nbytes(v) > self.budget_bytes:
+            raise CaptureBudgetExceeded(msg + " even in stats mode")
+
+    def _downgrade(self) -> None:
+        """Switch to stats mode, reducing everything captured so far (all still buffered)."""
+        if self._flushed:
+            raise CaptureBudgetExceeded("cannot downgrade to stats: rows were already written to the store")
+        self.mode = "stats"
+        self._stored_bytes = self._buffered_bytes = 0
+        for site, chunks in self._buffer.items():
+            reduced = [(rows, row_stats(data)) for rows, data in chunks]
+            self._buffer[site] = reduced
+            nbytes = sum(d.nbytes for _, d in reduced)
+            self._stored_bytes += nbytes
+            self._buffered_bytes += nbytes
+            self._specs[site] = VarSpec((TOKEN, "stat"), np.dtype(np.float64), self._specs[site].attrs)
+
+    # ---- flushing -----------------------------------------------------------------------
+
+    def _maybe_flush(self) -> None:
+        if self._buffered_bytes >= self.flush_bytes:
+            self._flush(self._done)
+
+    def _flush(self, hi: int) -> None:
+        lo = self._flushed
+        if self.mode == "stats" and not self._stat_written:
+            self.store.set_static("stat", VarSpec(("stat",), np.dtype("<U5")), np.array(STAT_NAMES))
+            self._stat_written = True
+        if hi <= lo:
+            return
+        block = {c: np.asarray(vals[lo:hi], dtype=np.int64) for c, vals in self._coords.items()}
+        for site, chunks in self._buffer.items():
+            now = [(r, d) for r, d in chunks if int(r[0]) < hi]
+            if not now:
+                continue
+            self._buffer[site] = [(r, d) for r, d in chunks if int(r[0]) >= hi]
+            spec = self._specs[site]
+            arr = np.full((hi - lo, *now[0][1].shape[1:]), spec.fill, dtype=spec.dtype)
+            for r, d in now:
+                arr[r.numpy() - lo] = d.numpy()
+                self._buffered_bytes -= d.nbytes
+            block[site] = arr
+        late = self._patch_late(block, lo, hi)
+        self.store.append(self._specs, block, hi - lo)
+        self._flushed = hi
+        for site, hits in late.items():
+            self.store.write_rows(site, np.array([r for r, _ in hits]),
+                                  np.stack([self._late_value(v) for _, v in hits]))
+
+    def _patch_late(self, block: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, list]:
+        """Late-resolved logprobs of rows < hi: patched into ``block`` where they fall in it;
+        returns the rest (rows already in the store, rewritten after the append)."""
+        rest: dict[str, list] = {}
+        for site, hits in self._late.items():
+            self._late[site] = [(r, v) for r, v in hits if r >= hi]
+            for row, val in hits:
+                if row >= hi:
+                    continue
+                if site in block and row >= lo:
+                    block[site][row - lo] = self._late_value(val)
+                else:
+                    rest.setdefault(site, []).append((row, val))
+        return rest
+
+    def _late_value(self, value: float) -> np.ndarray:
+        if self.mode == "stats":
+            return row_stats(torch.tensor([[value]], dtype=torch.float32))[0].numpy()
+        return np.float32(value)
+
+    def dataset(self) -> xr.Dataset:
+        """The in-memory dataset, variables in execution order (MemoryStore, after ``finish``)."""
+        if not isinstance(self.store, MemoryStore):
+            raise TypeError("dataset() is for in-memory captures; load the file the store wrote")
+        ds = self.store.dataset()
+        return ds[sort_sites([str(v) for v in ds.data_vars])]

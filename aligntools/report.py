@@ -1,0 +1,117 @@
+"""Self-contained HTML reports: one file with the table, the findings and the plots inside.
+
+Why one file with base64 PNGs instead of an HTML page next to image files: the report is a CI
+artifact and an attachment to a bug report; it must survive being copied alone, opened
+offline, and diffed by eye. It is written atomically (temporary sibling + rename) so a crashed
+run never leaves a half-written report that looks like a finished one.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em;font-variant-numeric:tabular-nums}
+th,td{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}
+tr.fail td{background:#fde8e8}
+.verdict{font-size:1.2em;font-weight:bold;padding:.6em 1em;border-radius:4px}
+.pass{background:#e5f6e5;color:#155d15}.failv{background:#fde8e8;color:#8a1414}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto}figure{margin:1em 0}figcaption{color:#555;font-size:.9em}
+"""
+
+
+class Report:
+    """An HTML document built block by block: ``heading``, ``text``, ``table``, ``figure``.
+
+    Blocks are escaped when added, so a site name or an error message can never break the page.
+    """
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self._blocks: list[str] = []
+
+    def heading(self, text: str) -> "Report":
+        self._blocks.append(f"<h2>{html.escape(text)}</h2>")
+        return self
+
+    def text(self, text: str) -> "Report":
+        self._blocks.append(f"<p>{html.escape(text)}</p>")
+        return self
+
+    def preformatted(self, text: str) -> "Report":
+        self._blocks.append(f"<pre>{html.escape(text)}</pre>")
+        return self
+
+    def verdict(self, passed: bool, text: str) -> "Report":
+        cls = "pass" if passed else "failv"
+        self._blocks.append(f'<p class="verdict {cls}">{html.escape(text)}</p>')
+        return self
+
+    def table(self, df: pd.DataFrame, failed: pd.Series | None = None, float_format: str = "{:.3g}") -> "Report":
+        """``df`` as an HTML table (index shown as the first column); rows where the boolean
+        ``failed`` (aligned with ``df.index``) is True are shaded red."""
+        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in [df.index.name or "", *df.columns])
+        rows = []
+        for idx, row in df.iterrows():
+            cells = [_cell(idx, float_format)] + [_cell(v, float_format) for v in row.tolist()]
+            cls = ' class="fail"' if failed is not None and bool(failed.get(idx, False)) else ""
+            rows.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        self._blocks.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        return self
+
+    def figure(self, fig, caption: str = "") -> "Report":
+        """Embed a matplotlib figure as a base64 PNG (the figure itself is left open)."""
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+        data = base64.b64encode(buf.getvalue()).decode("ascii")
+        cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
+        self._blocks.append(f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">{cap}</figure>')
+        return self
+
+    def render(self) -> str:
+        """The whole document as a string."""
+        body = "\n".join(self._blocks)
+        return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(self.title)}</title>"
+                f"<style>{_STYLE}</style></head><body><h1>{html.escape(self.title)}</h1>\n{body}\n</body></html>\n")
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write atomically; an unwritable location raises OSError naming ``path``."""
+        return write_atomic(path, self.render())
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary sibling and ``os.replace``.
+
+    Raises ``OSError`` whose message names ``path`` (the CLI turns it into a usage error)."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    except OSError as e:
+        raise OSError(f"cannot write report to {p}: {e.strerror or e}") from e
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(f"cannot write report to {p}: {e.strerror or e}") from e
+    return p
+
+
+def _cell(value: object, float_format: str) -> str:
+    if isinstance(value, bool):
+        return "pass" if value else "<b>FAIL</b>"
+    if isinstance(value, float):
+        return html.escape(float_format.format(value))
+    return html.escape(str(value))

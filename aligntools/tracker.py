@@ -1,0 +1,127 @@
+"""``Tracker``: capture sites of any engine while it runs; ``capture``: the one-call form.
+
+Ring-linear 5.2.1: "the same input must be provided to both the training and inference
+frameworks, with activations compared module-by-module and layer-by-layer". The Tracker is
+that capture, under the engine-neutral site vocabulary (DESIGN.md section 4), in prefill and
+in decode (every forward / engine step under the ``with`` block is captured, decode steps
+labelled with their step), without blowing memory (stats mode, ``budget_bytes``, streaming
+to ``out``).
+
+Budget policy (``budget_bytes``): before a value that would take the capture past the
+budget is stored, ``on_budget="error"`` (default) raises ``CaptureBudgetExceeded`` out of
+the engine call; everything captured until then is kept, marked partial
+(``complete=0``), and reachable as ``tracker.capture`` or ``exc.capture``.
+``on_budget="stats"`` instead reduces what was captured to per-token stats and goes on in
+stats mode (noted in the ``notes`` attr); it needs the capture in memory (no ``out``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from aligntools.adapters import adapter_for
+from aligntools.capture import Capture
+from aligntools.capture_store import MemoryStore, open_store
+from aligntools.provenance import library_versions
+from aligntools.recorder import CaptureBudgetExceeded, Recorder, TokenFilter
+from aligntools.sites import select
+
+Mode = Literal["tensor", "stats"]
+
+
+class Tracker:
+    """Context manager: ``with Tracker(model, sites="L*.resid_post,logits") as t: model(ids)``;
+    then ``t.capture`` is the ``Capture``.
+
+    ``target``: a transformers model, a minirl ``Engine``, an nnsight model, or any
+    ``nn.Module`` (unrecognised ones are captured at raw module paths, with a warning).
+    ``sites``: glob patterns, comma separated or a list; an unknown pattern raises listing
+    the available sites. ``token_filter(meta) -> BoolTensor[N]`` keeps a subset of token
+    rows. ``out``: stream the capture to a ``.nc`` / ``.zarr`` file while it runs (a crash
+    leaves a readable file with ``complete=0``); finished steps are written whenever
+    ``flush_bytes`` of them are buffered. ``progress``: tqdm bar of captured tokens
+    (None: only on a terminal).
+    """
+
+    def __init__(self, target: object, sites: str | list[str] = "*", mode: Mode = "tensor",
+                 budget_bytes: int | None = None, token_filter: TokenFilter | None = None, *,
+                 out: str | os.PathLike | None = None, on_budget: Literal["error", "stats"] = "error",
+                 progress: bool | None = None, flush_bytes: int = 64 << 20) -> None:
+        if out is not None and on_budget == "stats" and mode == "tensor":
+            raise ValueError("on_budget='stats' needs the capture in memory (rows already streamed to "
+                             "`out` cannot be reduced); use on_budget='error' or out=None")
+        self.adapter = adapter_for(target)
+        self.available = self.adapter.available_sites()
+        self.sites = select(sites, self.available)
+        self.mode, self.budget_bytes, self.on_budget = mode, budget_bytes, on_budget
+        self.token_filter, self.out, self.progress = token_filter, out, progress
+        self.flush_bytes = flush_bytes
+        self._recorder: Recorder | None = None
+        self._capture: Capture | None = None
+
+    def __enter__(self) -> "Tracker":
+        attrs = self._attrs()
+        store = open_store(self.out, {**attrs, "mode": self.mode, "complete": 0})
+        self._recorder = Recorder(self.sites, self.mode, store, budget_bytes=self.budget_bytes,
+                                  on_budget=self.on_budget, token_filter=self.token_filter,
+                                  flush_bytes=None if self.out is None else self.flush_bytes, progress=self.progress)
+        self._attrs_at_start = attrs
+        self.adapter.attach(self._recorder)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.adapter.detach()
+        rec = self._recorder
+        rec.finish(self._attrs_at_start, complete=exc_type is None)
+        if self.out is None:
+            self._capture = Capture(rec.dataset())
+        else:
+            self._capture = Capture.load(self.out, lazy=True) if exc_type is None else _load_partial(self.out)
+        if isinstance(exc, CaptureBudgetExceeded):
+            exc.capture = self._capture
+
+    @property
+    def capture(self) -> Capture:
+        """The capture, available once the ``with`` block has exited."""
+        if self._capture is None:
+            raise RuntimeError("the capture is available after the `with Tracker(...)` block exits")
+        return self._capture
+
+    def _attrs(self) -> dict:
+        info = self.adapter.describe()
+        return {"engine": self.adapter.engine, "dtype": info["dtype"], "knobs": json.dumps(info["knobs"]),
+                "versions": json.dumps(library_versions()), "model_hash": info["model_hash"],
+                "sites_requested": ",".join(self.sites), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def _load_partial(path: str | os.PathLike) -> Capture:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the caller is already getting the exception
+        return Capture.load(path, lazy=True)
+
+
+def capture(target: object, input_ids: torch.Tensor, sites: str | list[str] = "*", mode: Mode = "tensor",
+            *, batch_size: int | None = None, **tracker_kwargs) -> Capture:
+    """Run one teacher-forced forward (``engine.score`` for a minirl Engine) of
+    ``input_ids`` [batch, seq] under a Tracker and return its Capture.
+
+    ``batch_size`` splits the rows into several calls (request indices stay global), with a
+    progress bar; other keyword arguments go to ``Tracker``.
+    """
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"input_ids must be an integer tensor [batch, seq]; got {tuple(ids.shape)} {ids.dtype}")
+    step = batch_size or ids.shape[0]
+    with Tracker(target, sites, mode, **tracker_kwargs) as tracker:
+        starts = range(0, ids.shape[0], step)
+        for lo in tqdm(starts, desc="capture batches", disable=len(starts) < 2 or None, leave=False):
+            tracker.adapter.run(ids[lo:lo + step])
+    return tracker.capture

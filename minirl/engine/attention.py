@@ -1,0 +1,71 @@
+"""Causal GQA attention over the flat token layout: batched prefill and KV-cache decode.
+
+Two backends (Ring-linear 5.2.1 Attention: "the used backend must be consistent"):
+``sdpa`` is torch's fused scaled_dot_product_attention, what an engine's flash kernel stands
+for; ``eager`` is transformers' ``eager_attention_forward`` math (scores in the activation
+dtype, additive mask, softmax in fp32 cast back, then ``@ V``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minirl.engine.batch import ForwardBatch
+from minirl.engine.kv_cache import KVCache
+
+BACKENDS = ("sdpa", "eager")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
+              cache: KVCache | None, layer: int, backend: str, scale: float) -> torch.Tensor:
+    """q [N, h, d], k/v [N, kv, d] (after RoPE) -> attention output [N, h * d].
+
+    Prefill attends over the fresh k/v (and writes them to the cache); decode writes the new
+    token's k/v, then attends over the cached prefix, as inference engines do.
+    """
+    n, h, d = q.shape
+    if cache is not None:
+        cache.write(layer, batch.cache_index, batch.positions, k, v)
+    if batch.decode:
+        assert cache is not None and batch.context_lens is not None
+        kc, vc = cache.read(layer, batch.cache_rows, batch.max_context, q.dtype)  # [B, kv, L, d]
+        out = _attend(q[:, :, None, :], kc, vc, batch.decode_mask, causal=False, backend=backend,
+                      scale=scale)
+        return out.reshape(n, h * d)  # [B, 1, h, d] -> [N, h*d]
+    b, s = batch.n_seqs, batch.max_len
+    qp, kp, vp = (_pad(t, batch, b, s) for t in (q, k, v))  # [B, heads, S, d]
+    out = _attend(qp, kp, vp, None, causal=True, backend=backend, scale=scale)  # [B, S, h, d]
+    out = out.reshape(b * s, h * d)
+    return out if batch.pad_index is None else out[batch.pad_index]
+
+
+def _pad(t: torch.Tensor, batch: ForwardBatch, b: int, s: int) -> torch.Tensor:
+    """Flat [N, heads, d] -> right-padded [B, heads, S, d]."""
+    if batch.pad_index is None:
+        return t.reshape(1, s, *t.shape[1:]).transpose(1, 2)
+    out = t.new_zeros(b * s, *t.shape[1:])
+    out[batch.pad_index] = t
+    return out.view(b, s, *t.shape[1:]).transpose(1, 2)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
+            causal: bool, backend: str, scale: float) -> torch.Tensor:
+    """q [B, h, Sq, d], k/v [B, kv, Sk, d], bool ``mask`` broadcastable to [B, h, Sq, Sk]
+    (True = attend) -> [B, Sq, h, d]. ``causal`` assumes Sq == Sk."""
+    if backend == "sdpa":
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                             enable_gqa=q.shape[1] != k.shape[1])
+        return out.transpose(1, 2)
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:  # transformers' repeat_kv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, h, Sq, Sk]
+    if causal:
+        sq, sk = scores.shape[-2:]
+        mask = torch.ones(sq, sk, dtype=torch.bool).tril()
+    if mask is not None:
+        scores = scores + torch.zeros(mask.shape, dtype=scores.dtype).masked_fill(
+            ~mask, torch.finfo(scores.dtype).min)
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v).transpose(1, 2)

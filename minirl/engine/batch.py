@@ -1,0 +1,97 @@
+"""The token layout of one forward call: flat over valid tokens, like vLLM's varlen batches.
+
+Why flat: padding costs GEMM work and the taps must be flat anyway (one row per (request,
+position, step)). Only attention needs per-sequence structure; it gets ``pad_index`` to
+scatter flat tokens into a right-padded [B, S] block (prefill) or ``context_lens`` to mask
+the KV cache (decode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from minirl.engine.tap import TapMeta
+
+
+@dataclass
+class ForwardBatch:
+    token_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64, absolute position in its sequence
+    request: torch.Tensor  # [N] int64, request (rollout) index for taps
+    step: int  # 0 = prefill, k = k-th decode step
+    decode: bool  # True: one new token per sequence, attending to the KV cache
+    seq_lens: list[int]  # new tokens per sequence, in order
+    cache_rows: slice | None  # rows of the KV cache these sequences occupy; None = no cache
+    pad_index: torch.Tensor | None = None  # [N] flat -> b * S + s (prefill, B > 1)
+    context_lens: torch.Tensor | None = None  # [B] tokens visible after this call (decode)
+    emit_rows: torch.Tensor | None = None  # rows that taps and routing capture see; None = all
+
+    @property
+    def n_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def max_len(self) -> int:
+        return max(self.seq_lens)
+
+    @property
+    def last_rows(self) -> torch.Tensor:
+        """[B] flat index of each sequence's last token (whose logits predict the next one)."""
+        return torch.tensor(self.seq_lens).cumsum(0) - 1
+
+    @cached_property
+    def cache_index(self) -> torch.Tensor:
+        """[N] KV-cache row of every token (computed once, used by every layer)."""
+        assert self.cache_rows is not None
+        rows = torch.arange(self.cache_rows.start, self.cache_rows.stop)
+        return rows if self.decode else rows.repeat_interleave(torch.tensor(self.seq_lens))
+
+    @cached_property
+    def max_context(self) -> int:
+        assert self.context_lens is not None
+        return int(self.context_lens.max())
+
+    @cached_property
+    def decode_mask(self) -> torch.Tensor | None:
+        """[B, 1, 1, L] True where a cached position is visible; None when every sequence sees
+        the same length (the common case, so the attention kernel runs unmasked)."""
+        lens = self.context_lens
+        assert lens is not None
+        if bool((lens == lens[0]).all()):
+            return None
+        return (torch.arange(self.max_context) < lens[:, None])[:, None, None, :]
+
+    def tap_meta(self) -> TapMeta:
+        rows = self.emit_rows
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        return TapMeta(request=pick(self.request), position=pick(self.positions),
+                       token_id=pick(self.token_ids), step=self.step)
+
+    @classmethod
+    def prefill(cls, seqs: list[list[int]], requests: list[int], *, cache_start: int | None,
+                step: int = 0, emit_last_only: bool = False) -> "ForwardBatch":
+        """Whole sequences from position 0 (prompt prefill, score, or recompute-mode decode)."""
+        lens = [len(s) for s in seqs]
+        ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
+        positions = torch.cat([torch.arange(n) for n in lens])
+        request = torch.tensor(requests).repeat_interleave(torch.tensor(lens))
+        pad_index = None
+        if len(seqs) > 1:
+            s_max = max(lens)
+            pad_index = torch.cat([b * s_max + torch.arange(n) for b, n in enumerate(lens)])
+        rows = None if cache_start is None else slice(cache_start, cache_start + len(seqs))
+        batch = cls(ids, positions, request, step, False, lens, rows, pad_index=pad_index)
+        if emit_last_only:
+            batch.emit_rows = batch.last_rows
+        return batch
+
+    @classmethod
+    def decode_step(cls, tokens: torch.Tensor, positions: torch.Tensor, requests: torch.Tensor,
+                    cache_rows: slice, step: int) -> "ForwardBatch":
+        """One new token per sequence; ``positions`` [B] is where each token goes."""
+        b = tokens.shape[0]
+        return cls(tokens, positions, requests, step, True, [1] * b, cache_rows,
+                   context_lens=positions + 1)

@@ -1,0 +1,41 @@
+"""Preallocated KV cache: one [rows, n_kv, capacity, head_dim] tensor per layer for K and V.
+
+Why preallocated and row-compacted: a decode step must not allocate or concatenate (what
+makes HF's DynamicCache slow), and reading rows ``0..B-1`` is a view, not a gather. When
+sequences finish, ``keep`` moves the survivors to the front once, instead of gathering
+the live rows in every layer of every step.
+
+The cache dtype is a knob (Ring-linear 5.2.1 "KV Cache"): values are rounded to it on
+write and widened back to the activation dtype on read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, n_layers: int, rows: int, capacity: int, n_kv: int, head_dim: int,
+                 dtype: torch.dtype) -> None:
+        shape = (rows, n_kv, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
+        self.dtype = dtype
+
+    def write(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        """Store ``k``/``v`` [N, n_kv, head_dim] at (rows[i], positions[i])."""
+        self.k[layer][rows, :, positions] = k.to(self.dtype)
+        self.v[layer][rows, :, positions] = v.to(self.dtype)
+
+    def read(self, layer: int, rows: slice, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of ``rows`` for positions ``< length``: [B, n_kv, length, head_dim] in ``dtype``."""
+        k = self.k[layer][rows, :, :length]
+        v = self.v[layer][rows, :, :length]
+        return k.to(dtype), v.to(dtype)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Move ``rows`` (in this order) to the front; the rest becomes free."""
+        n = rows.shape[0]
+        for t in (*self.k, *self.v):
+            t[:n] = t[rows]

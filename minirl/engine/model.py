@@ -1,0 +1,177 @@
+"""The decoder forward the way inference engines compute it, with every numeric a knob.
+
+Layout per layer (vLLM style): fused ``qkv`` GEMM -> [QK-norm] -> RoPE -> attention -> o_proj
+-> fused add+RMSNorm -> fused ``gate_up`` GEMM -> SwiGLU -> down (or the MoE block) -> the next
+layer's fused add+RMSNorm. The residual stream only exists inside the fused norm calls, so
+the taps emit the residual those calls produce (``resid_mid``/``resid_post``), un-fused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from minirl.engine.attention import attention
+from minirl.engine.batch import ForwardBatch
+from minirl.engine.config import ModelSpec
+from minirl.engine.kv_cache import KVCache
+from minirl.engine.knobs import Knobs
+from minirl.engine.moe import MoEConfig, moe_forward
+from minirl.engine.ops import resolve_dtype, row_parallel_linear, silu_mul
+
+
+@dataclass
+class LayerWeights:
+    """References into the weight dict (load_weights copies in place, so they stay valid)."""
+
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    gate_up: torch.Tensor | None
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor | None
+    down_bias: torch.Tensor | None
+    router: torch.Tensor | None
+    experts_gate_up: torch.Tensor | None
+    experts_down: torch.Tensor | None
+
+
+class Transformer:
+    """Weights in the fused layout + the forward pass. Holds no per-request state."""
+
+    def __init__(self, spec: ModelSpec, knobs: Knobs, dtype: torch.dtype) -> None:
+        self.spec, self.knobs, self.dtype = spec, knobs, dtype
+        self.weight_dtype = resolve_dtype(knobs.weight_dtype, dtype)
+        self.lm_head_dtype = resolve_dtype(knobs.lm_head_dtype, dtype)
+        self.router_dtype = resolve_dtype(knobs.router_dtype, dtype)
+        self.eps = spec.rms_norm_eps if knobs.rmsnorm_eps is None else knobs.rmsnorm_eps
+        self.norm = kernels.get("rmsnorm", knobs.rmsnorm)
+        self.rope = kernels.get("rope", knobs.rope)
+        self.rope_kw: dict = dict(theta=spec.rope_theta, rotary_dim=spec.rotary_dim, style="neox")
+        if knobs.rope == "cached_table":
+            self.rope_kw["cache_dtype"] = resolve_dtype(knobs.rope_cache_dtype, dtype)
+        self.moe_cfg = MoEConfig(
+            top_k=spec.top_k, renormalize=spec.renormalize,
+            weights_in_logits_dtype=spec.topk_weights_in_logits_dtype, router_dtype=self.router_dtype,
+            topk_fn=kernels.get("router_topk", knobs.topk), sum_order=knobs.expert_sum_order,
+            activation=knobs.activation, tp=knobs.tp)
+        self.scale = spec.head_dim ** -0.5
+        self.w: dict[str, torch.Tensor] = {}
+        self.layers: list[LayerWeights] = []
+
+    # ------------------------------------------------------------------ weights
+    def _store_dtype(self, name: str) -> torch.dtype:
+        if name == "lm_head":
+            return self.lm_head_dtype
+        if name.endswith(".router"):
+            return self.router_dtype
+        return self.dtype
+
+    def load(self, fused: dict[str, torch.Tensor]) -> None:
+        """Take fused tensors (any dtype): round to the weight dtype, store in the compute dtype.
+
+        First call allocates; later calls copy in place (cheap weight sync, stable references).
+        """
+        with torch.no_grad():
+            if not self.w:
+                self.w = {n: t.to(self.weight_dtype).to(self._store_dtype(n), copy=True).contiguous()
+                          for n, t in fused.items()}
+                self.layers = [self._layer(i) for i in range(self.spec.n_layers)]
+                return
+            for n, t in fused.items():
+                self.w[n].copy_(t.to(self.weight_dtype))
+
+    def _layer(self, i: int) -> LayerWeights:
+        g = lambda name: self.w.get(f"L{i}.{name}")  # noqa: E731
+        return LayerWeights(*(g(f.name) for f in LayerWeights.__dataclass_fields__.values()))
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, batch: ForwardBatch, cache: KVCache | None, taps: list[Callable],
+                logits_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (logits [len(logits_rows) or N, V] in the lm_head dtype,
+        routed expert ids of the emitted rows [M, n_moe_layers, k] or None for dense models)."""
+        emit = self._emitter(batch, taps) if taps else None
+        spec, tp = self.spec, self.knobs.tp
+        h = F.embedding(batch.token_ids, self.w["embed"])  # [N, H]
+        if emit:
+            emit("embed", h)
+        routing: list[torch.Tensor] = []
+        residual, delta = None, h
+        for i, lw in enumerate(self.layers):
+            p = f"L{i}."
+            if residual is None:
+                x, residual = self.norm(delta, lw.attn_norm, self.eps), delta
+            else:
+                x, residual = self.norm(delta, lw.attn_norm, self.eps, residual=residual)
+                if emit:
+                    emit(f"L{i - 1}.resid_post", residual)
+            if emit:
+                emit(p + "attn_norm", x)
+
+            a = self._attention(x, lw, batch, cache, i, emit, p)  # [N, H]
+            x, residual = self.norm(a, lw.mlp_norm, self.eps, residual=residual)
+            if emit:
+                emit(p + "attn_out", a)
+                emit(p + "resid_mid", residual)
+                emit(p + "mlp_norm", x)
+
+            if lw.router is not None:
+                delta, ids = moe_forward(x, lw.router, lw.experts_gate_up, lw.experts_down, self.moe_cfg,
+                                         emit, p)
+                routing.append(ids if batch.emit_rows is None else ids[batch.emit_rows])
+            else:
+                act = silu_mul(F.linear(x, lw.gate_up, lw.gate_up_bias), self.knobs.activation)  # [N, I]
+                delta = row_parallel_linear(act, lw.down, lw.down_bias, tp)
+            if emit:
+                emit(p + "mlp_out", delta)
+
+        y, residual = self.norm(delta, self.w["final_norm"], self.eps, residual=residual)
+        if emit:
+            emit(f"L{spec.n_layers - 1}.resid_post", residual)
+            emit("final_norm", y)
+        logits = self.lm_head(y if logits_rows is None else y[logits_rows])
+        if emit:
+            emit("logits", logits if logits_rows is None else self.lm_head(y))
+        return logits, (torch.stack(routing, dim=1) if routing else None)
+
+    def _attention(self, x: torch.Tensor, lw: LayerWeights, batch: ForwardBatch, cache: KVCache | None,
+                   i: int, emit: Callable | None, p: str) -> torch.Tensor:
+        spec, n, h = self.spec, x.shape[0], self.spec.n_heads
+        qkv = F.linear(x, lw.qkv, lw.qkv_bias)  # [N, q + 2 kv]
+        qk = qkv[:, : spec.q_size + spec.kv_size].view(n, h + spec.n_kv_heads, spec.head_dim)
+        v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.n_kv_heads, spec.head_dim)
+        if lw.q_norm is not None:  # per-head QK-norm (Qwen3), before RoPE
+            qk = torch.cat((self.norm(qk[:, :h], lw.q_norm, self.eps),
+                            self.norm(qk[:, h:], lw.k_norm, self.eps)), dim=1)
+        qk = self.rope(qk, batch.positions, **self.rope_kw)  # q and k heads in one call, as vLLM
+        q, k = qk[:, :h], qk[:, h:]  # [N, h, d], [N, kv, d]
+        if emit:
+            emit(p + "q", q.reshape(n, -1))
+            emit(p + "k", k.reshape(n, -1))
+            emit(p + "v", v.reshape(n, -1))
+        o = attention(q, k, v, batch, cache, i, self.knobs.attention, self.scale)  # [N, h*d]
+        return row_parallel_linear(o, lw.o, lw.o_bias, self.knobs.tp)
+
+    def lm_head(self, y: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> logits [N, V] in the lm_head dtype (Ring-linear 5.2.1 LM Head)."""
+        return F.linear(y.to(self.lm_head_dtype), self.w["lm_head"])
+
+    @staticmethod
+    def _emitter(batch: ForwardBatch, taps: list[Callable]) -> Callable[[str, torch.Tensor], None]:
+        meta, rows = batch.tap_meta(), batch.emit_rows
+
+        def emit(site: str, value: torch.Tensor) -> None:
+            v = value if rows is None else value[rows]
+            for tap in list(taps):
+                tap(site, v, meta)
+
+        return emit

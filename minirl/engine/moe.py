@@ -1,0 +1,92 @@
+"""Sparse MoE block: router -> top-k -> experts batched per expert -> weighted sum.
+
+Why tokens are grouped per expert: one GEMM per expert over all its tokens (what fused-MoE
+kernels do) instead of one per token, and all experts in one padded batched GEMM so a decode
+step costs a handful of ops, not a Python loop over experts. The per-(token, slot) outputs
+are then combined in the order the ``expert_sum_order`` knob names (Ring-linear 5.2.1 MoE:
+"a deterministic order for token permutation and summation").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minirl.engine.ops import silu_mul
+
+SUM_ORDERS = ("topk_slot", "expert_id")
+Emit = Callable[[str, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    top_k: int
+    renormalize: bool
+    weights_in_logits_dtype: bool  # Qwen3-MoE: True; Mixtral: False (ModelSpec docs)
+    router_dtype: torch.dtype
+    topk_fn: Callable  # kernels router_topk variant
+    sum_order: str
+    activation: str
+    tp: int
+
+
+def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                cfg: MoEConfig, emit: Emit | None, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, H] -> (out [N, H] in x.dtype, topk ids [N, k]).
+
+    ``router_w`` [E, H] is stored in the router dtype; ``gate_up`` [E, 2I, H], ``down`` [E, H, I].
+    """
+    logits = F.linear(x.to(cfg.router_dtype), router_w)  # [N, E] router dtype
+    ids, weights = cfg.topk_fn(logits, cfg.top_k, scoring="softmax", renormalize=cfg.renormalize,
+                               compute_dtype=torch.float32)  # [N, k] int64, [N, k] fp32
+    if cfg.weights_in_logits_dtype:
+        weights = weights.to(logits.dtype)
+    if emit:
+        emit(prefix + "router_logits", logits)
+        emit(prefix + "topk_ids", ids)
+        emit(prefix + "topk_weights", weights)
+
+    n, k = ids.shape
+    n_exp = gate_up.shape[0]
+    flat = ids.reshape(-1)  # [P] (token, slot) pairs, token-major
+    seen = F.one_hot(flat, n_exp).cumsum(0)  # [P, E] pairs routed to each expert so far
+    pos = seen.gather(1, flat[:, None])[:, 0] - 1  # [P] row of each pair in its expert's batch
+    cap = int(seen[-1].max())
+    # Tokens batched per expert: [E, cap, H] (rows past an expert's count stay zero and are
+    # never read back), so every expert is one slice of a single batched GEMM.
+    xp = x.new_zeros(n_exp, cap, x.shape[1])
+    xp[flat, pos] = x.repeat_interleave(k, dim=0)
+    hp = silu_mul(torch.bmm(xp, gate_up.transpose(1, 2)), cfg.activation)  # [E, cap, I]
+
+    out = None
+    inter = hp.shape[2]
+    for r in range(cfg.tp):  # row-parallel down projection: rank r owns intermediate slice r
+        cols = slice(r * inter // cfg.tp, (r + 1) * inter // cfg.tp)
+        yp = torch.bmm(hp[..., cols], down[..., cols].transpose(1, 2))  # [E, cap, H]
+        y = yp[flat, pos].view(n, k, -1)  # [N, k, H] back in (token, slot) order
+        part = _combine(y, weights, ids, cfg.sum_order)  # [N, H]
+        out = part if out is None else out + part  # all-reduce in rank order
+    return out, ids
+
+
+def _combine(y: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, order: str) -> torch.Tensor:
+    """Weighted sum over the k slots of y [N, k, H] -> [N, H] in y.dtype, added one slot at a
+    time in the activation dtype.
+
+    ``topk_slot`` (fused MoE): weight applied in fp32 (the GEMM epilogue of vLLM's fused_moe),
+    rounded, slots summed in top-k order. ``expert_id`` (transformers): weight applied in the
+    routing-weight dtype, slots accumulated in ascending expert id (its per-expert index_add_).
+    """
+    if order == "topk_slot":
+        yw = (y.float() * weights.float()[..., None]).to(y.dtype)
+    else:
+        yw = (y * weights[..., None]).to(y.dtype)
+        perm = ids.argsort(dim=1, stable=True)  # [N, k]
+        yw = yw.gather(1, perm[..., None].expand_as(yw))
+    out = yw[:, 0]
+    for j in range(1, yw.shape[1]):
+        out = out + yw[:, j]
+    return out

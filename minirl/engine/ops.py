@@ -1,0 +1,53 @@
+"""Small numerics the engine owns (the rest comes from ``kernels``): dtype names, the
+row-parallel GEMM with tensor-parallel emulation, and the two SwiGLU flavours.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str | torch.dtype, act: torch.dtype | None = None) -> torch.dtype:
+    """``"act"`` -> the activation dtype; a dtype name or torch.dtype -> itself."""
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise ValueError(f"dtype {name} not supported; use one of {sorted(DTYPES)}")
+        return name
+    if name == "act" and act is not None:
+        return act
+    if name not in DTYPES:
+        valid = sorted(DTYPES) + (["act"] if act is not None else [])
+        raise ValueError(f"unknown dtype {name!r}; valid: {valid}")
+    return DTYPES[name]
+
+
+def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, tp: int) -> torch.Tensor:
+    """``x @ w.T (+ bias)`` computed as ``tp`` ranks would: each rank multiplies its slice of
+    the input features, and the partial sums are added in rank order in the activation
+    dtype (an all-reduce of bf16 partials). Bias is added once, on rank 0, as vLLM's
+    RowParallelLinear does. ``x``: [N, K], ``w``: [O, K] -> [N, O]."""
+    if tp == 1:
+        return F.linear(x, w, bias)
+    xs, ws = x.chunk(tp, dim=-1), w.chunk(tp, dim=-1)
+    out = F.linear(xs[0], ws[0], bias)
+    for xr, wr in zip(xs[1:], ws[1:]):
+        out = out + F.linear(xr, wr)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor, flavour: str) -> torch.Tensor:
+    """SwiGLU on a fused ``[..., 2I]`` gate_up output -> ``[..., I]``.
+
+    ``fused_silu_mul``: fp32 ``silu(g) * u`` rounded once (vLLM ``silu_and_mul``).
+    ``hf``: ``silu(g)`` rounded to the activation dtype, then ``* u`` (transformers).
+    """
+    g, u = gate_up.chunk(2, dim=-1)
+    if flavour == "hf":
+        return F.silu(g) * u
+    return (F.silu(g.float()) * u.float()).to(gate_up.dtype)
+
+
+ACTIVATIONS = ("fused_silu_mul", "hf")

@@ -1,0 +1,111 @@
+"""Sampling parameters and the batched sampler.
+
+Why Gumbel-max with counter-based noise instead of ``torch.multinomial`` with a generator:
+the noise of rollout ``i`` at decode step ``t`` is a pure function of ``(seed, i, t, token)``,
+so a seeded generate is reproducible, a sequence's samples do not depend on which other
+sequences share the batch or finish early, and the whole batch is sampled in a few tensor
+ops (no per-sequence Python loop). ``argmax(z + Gumbel)`` is an exact sample of
+``softmax(z)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample. Validated on construction so a bad value fails where it was written."""
+
+    n: int = 1
+    """samples per prompt; rollouts come back prompt-major (p0s0, p0s1, ..., p1s0, ...)."""
+    temperature: float = 1.0
+    """0 = greedy; >0 divides the logits."""
+    top_p: float = 1.0
+    """nucleus mass in (0, 1]; 1 disables."""
+    top_k: int = 0
+    """keep the k largest logits; 0 (or -1, vLLM's spelling) disables."""
+    max_new_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    """extra ids that end a sequence (included in its tokens); the model's eos ids always stop
+    unless ``ignore_eos``."""
+    ignore_eos: bool = False
+    seed: int | None = None
+    """None draws one from torch's global RNG (so ``torch.manual_seed`` makes it repeatable)."""
+    return_processed_logprobs: bool = False
+    """also return logprobs under the processed (temperature/top-k/top-p) distribution."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.n < 1:
+            raise ValueError(f"n={self.n}: need at least one sample per prompt (n >= 1)")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} < 0: use 0 for greedy or a positive value")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} outside (0, 1]: use 1.0 to disable nucleus sampling")
+        if self.top_k < -1:
+            raise ValueError(f"top_k={self.top_k}: use a positive k, or 0 / -1 to disable")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
+
+
+_U64 = 1 << 64
+
+
+def _i64(c: int) -> int:
+    c %= _U64
+    return c - _U64 if c >= 1 << 63 else c
+
+
+_GOLDEN, _M1, _M2 = _i64(0x9E3779B97F4A7C15), _i64(0xBF58476D1CE4E5B9), _i64(0x94D049BB133111EB)
+
+
+def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finalizer on int64 tensors (wrapping arithmetic)."""
+    x = x + _GOLDEN
+    x = (x ^ _srl(x, 30)) * _M1
+    x = (x ^ _srl(x, 27)) * _M2
+    return x ^ _srl(x, 31)
+
+
+def gumbel_noise(seed: int, rows: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise [B, V] float64, a pure function of (seed, rows[b], step, token)."""
+    base = _mix(_mix(_mix(torch.full_like(rows, _i64(seed))) ^ rows) ^ step)  # [B]
+    bits = _mix(base[:, None] ^ torch.arange(vocab, dtype=torch.long)[None, :])  # [B, V]
+    u = (_srl(bits, 11).double() + 0.5) * 2.0 ** -53  # (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.Tensor,
+           step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """logits [B, V] -> (token ids [B], raw logprobs [B] fp32, processed logprobs [B] or None).
+
+    Raw = log_softmax of the model's logits (pre temperature/top-k/top-p), what the
+    trainer's forward computes; processed = under the distribution actually sampled from.
+    """
+    z = logits.float()  # [B, V]
+    raw = z.log_softmax(-1)
+    if params.temperature == 0:
+        tokens = z.argmax(-1)
+        processed = torch.zeros(tokens.shape) if params.return_processed_logprobs else None
+        return tokens, raw.gather(1, tokens[:, None])[:, 0], processed
+    z = z / params.temperature
+    if params.top_k > 0 and params.top_k < z.shape[-1]:
+        kth = z.topk(params.top_k, dim=-1).values[:, -1:]  # [B, 1]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if params.top_p < 1:
+        sorted_z, idx = z.sort(dim=-1, descending=True)
+        probs = sorted_z.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
+        drop = torch.zeros_like(z, dtype=torch.bool).scatter(1, idx, mass_before >= params.top_p)
+        z = z.masked_fill(drop, float("-inf"))
+    tokens = (z.double() + gumbel_noise(seed, rows, step, z.shape[-1])).argmax(-1)
+    processed = z.log_softmax(-1).gather(1, tokens[:, None])[:, 0] if params.return_processed_logprobs else None
+    return tokens, raw.gather(1, tokens[:, None])[:, 0], processed

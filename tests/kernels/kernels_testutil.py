@@ -1,0 +1,27 @@
+"""Helpers for the kernel tests: error measures against float64 truth, ulp arithmetic."""
+
+from __future__ import annotations
+
+import torch
+
+
+def ulp(dtype: torch.dtype) -> float:
+    """Spacing of ``dtype`` numbers in [1, 2): 2**-7 for bf16, 2**-23 for fp32."""
+    return torch.finfo(dtype).eps
+
+
+def max_ulps(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> float:
+    """Largest |a - b| in units of ``dtype``'s ulp at the magnitude of ``b`` (>= 1 tiny)."""
+    a, b = a.double(), b.double()
+    scale = b.abs().clamp_min(torch.finfo(dtype).tiny)
+    ulp_at = torch.exp2(torch.floor(torch.log2(scale))) * ulp(dtype)
+    return float(((a - b).abs() / ulp_at).max())
+
+
+def mean_abs_err(a: torch.Tensor, truth: torch.Tensor) -> float:
+    return float((a.double() - truth.double()).abs().mean())
+
+
+def max_rel_err(a: torch.Tensor, truth: torch.Tensor) -> float:
+    """max |a - truth| / max |truth| — a norm-wise relative error, stable near zeros."""
+    return float((a.double() - truth.double()).abs().max() / truth.double().abs().max())
