@@ -29,7 +29,6 @@ import torch
 from aligntools.report import Report
 from aligntools.tolerance import Tolerance, canonical_dtype, coarser
 
-TRAIN_DTYPES = ("float32", "bfloat16")
 CORPUS = Path(__file__).resolve().parent.parent / "datasets" / "tiny_corpus.txt"
 
 LOGPROB_ATOL: dict[str, tuple[float, float]] = {
@@ -106,15 +105,10 @@ def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> t
 
 def parse_train(spec: str) -> str:
     """``hf`` -> float32, ``hf:bfloat16`` -> bfloat16 (the training engine's dtype)."""
-    from aligntools.engine_spec import parse_engine_spec
-
-    name, dtype, overrides = _parse(parse_engine_spec, spec)
-    if name != "hf" or overrides:
-        raise GateUsageError(f"--train must be hf[:DTYPE] with DTYPE in {TRAIN_DTYPES}; got {spec!r}")
-    dtype = dtype or "float32"
-    if dtype not in TRAIN_DTYPES:
-        raise GateUsageError(f"training dtype must be one of {TRAIN_DTYPES}; got {dtype!r}")
-    return dtype
+    name, dtype, _ = _parse(spec)
+    if name != "hf":
+        raise GateUsageError(f"--train must be hf[:DTYPE] (the transformers training engine); got {spec!r}")
+    return dtype or "float32"
 
 
 @dataclass(frozen=True)
@@ -134,54 +128,25 @@ class InferSpec:
 def parse_infer(spec: str, dtype: str | None) -> InferSpec:
     """``minirl[:PRESET][,knob=value...]``. The preset sets the default dtype: bfloat16 for
     ``typical`` (what inference servers run), float32 for ``aligned``."""
-    from aligntools.engine_spec import parse_engine_spec
     from minirl import Knobs
 
-    name, preset, overrides = _parse(parse_engine_spec, spec)
+    name, preset, overrides = _parse(spec)
     if name != "minirl":
         raise GateUsageError(f"--infer must be minirl[:PRESET][,knob=value...]; got {spec!r}")
-    presets = {"typical": Knobs.typical_inference, "aligned": Knobs.aligned}
     preset = preset or "typical"
-    if preset not in presets:
-        raise GateUsageError(f"unknown preset {preset!r}; presets: {sorted(presets)}")
-    values = {k: _coerce(Knobs, k, v) for k, v in overrides.items()}
-    try:
-        knobs = presets[preset]().replace(**values)
-    except ValueError as e:
-        raise GateUsageError(str(e)) from e
+    base = Knobs.aligned() if preset == "aligned" else Knobs.typical_inference()
     dtype = dtype or ("float32" if preset == "aligned" else "bfloat16")
-    if dtype not in TRAIN_DTYPES:
-        raise GateUsageError(f"--dtype must be one of {TRAIN_DTYPES}; got {dtype!r}")
-    return InferSpec(knobs, preset, dtype, values)
+    return InferSpec(base.replace(**overrides), preset, dtype, overrides)
 
 
-def _parse(parser, spec: str):
+def _parse(spec: str) -> tuple[str, str | None, dict]:
+    """The shared engine-spec grammar (``aligntools.engine_spec``); its errors are usage errors."""
+    from aligntools.engine_spec import parse_engine_spec
+
     try:
-        return parser(spec)
+        return parse_engine_spec(spec)
     except ValueError as e:
         raise GateUsageError(str(e)) from e
-
-
-def _coerce(knobs_cls, name: str, value: object) -> object:
-    """A knob value given as text -> the field's type (``tp=2``, ``batch_invariant=true``)."""
-    import dataclasses
-
-    fields = {f.name: f for f in dataclasses.fields(knobs_cls)}
-    if name not in fields or not isinstance(value, str):
-        return value  # unknown names are reported by Knobs.replace with the valid list
-    default = fields[name].default
-    if isinstance(default, bool):
-        if value.lower() not in ("true", "false", "1", "0"):
-            raise GateUsageError(f"knob {name} takes true/false; got {value!r}")
-        return value.lower() in ("true", "1")
-    try:
-        if isinstance(default, int):
-            return int(value)
-        if name == "rmsnorm_eps":
-            return None if value.lower() == "none" else float(value)
-    except ValueError as e:
-        raise GateUsageError(f"knob {name}: cannot read {value!r} as a number") from e
-    return value
 
 
 def load_hf(path: Path, dtype: str):

@@ -23,7 +23,7 @@ from aligntools.divergence import GROWTH_THRESHOLD
 from aligntools.routing_diff import routing_diff
 from aligntools.stats import STAT_NAMES, row_stats
 from aligntools.token_align import Alignment, align as align_tokens, next_token_ids
-from aligntools.tolerance import Tolerance
+from aligntools.tolerance import Tolerance, coarser
 
 
 def load_capture(path: str | Path) -> xr.Dataset:
@@ -48,7 +48,9 @@ def _site_vars(ds: xr.Dataset) -> list[str]:
 
 
 def _dtype(ds: xr.Dataset, site: str) -> str:
-    return str(ds[site].attrs.get("dtype") or ds.attrs.get("dtype") or ds[site].dtype)
+    """Precision that bounds a site's accuracy: the coarser of the site's own dtype and the
+    run's (fp32 logprobs derived from bf16 logits carry bf16 error)."""
+    return coarser(ds[site].attrs.get("dtype") or str(ds[site].dtype), ds.attrs.get("dtype"))
 
 
 def _stats(v: xr.DataArray, idx: np.ndarray | None) -> np.ndarray:
@@ -89,8 +91,9 @@ def _compare_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
         return SiteResult(basis="ids", rows=rows, summary={k: float(v.mean()) for k, v in rows.items()}, **base)
     sums = M.row_sums(xa, xb, al.idx_a, al.idx_b, workers=workers)
     rows, summary = M.derive(sums), {k: float(v) for k, v in M.derive(M.aggregate(sums)).items()}
+    summary["n_tokens"] = int(np.count_nonzero(sums["n_valid"]))
     if site == "logits" and next_ids is not None:
-        lr = M.logit_rows(xa, xb, next_ids, al.idx_a, al.idx_b)
+        lr = M.logit_rows(xa, xb, next_ids, al.idx_a, al.idx_b, valid=sums["n_valid"] > 0)
         rows.update(lr)
         summary.update(M.logit_summary(lr))
     return SiteResult(basis="tensor", rows=rows, summary=summary, **base)

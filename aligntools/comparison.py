@@ -23,7 +23,8 @@ from aligntools.tolerance import Tolerance, coarser
 GATED_BASES = ("tensor", "stats")
 TABLE_COLUMNS = [
     "layer", "basis", "dtype", "n_tokens", "max_abs", "mean_abs", "rel_l2", "cosine", "sqnr_db",
-    "permille_err", "ulp_max", "nonfinite_a", "nonfinite_b", "nonfinite_mismatch", "exact",
+    "permille_err", "ulp_max", "nonfinite_a", "nonfinite_b", "nonfinite_mismatch", "missing_a",
+    "missing_b", "exact",
     "set_flip", "order_flip", "kl_max", "kl_mean", "dlogprob_max", "dlogprob_mean",
     "dlogprob_p99", "top1_agree", "limit", "growth", "passes",
 ]
@@ -158,6 +159,11 @@ class Comparison:
             if only:
                 out.append(f"only in {side} (not compared): {', '.join(only)}")
         notes = [f"{s}: {r.note}" for s, r in self.results.items() if r.note]
+        for side, col in ((self.labels[0], "missing_a"), (self.labels[1], "missing_b")):
+            miss = self.table[col][self.table[col] > 0]
+            if len(miss):
+                notes.append(f"tokens not captured in {side} (all-NaN rows, left out): "
+                             + ", ".join(f"{s} {int(n)}" for s, n in miss.items()))
         if notes:
             out.append("notes: " + "; ".join(notes))
         if len(self.routing):

@@ -31,7 +31,8 @@ CHUNK_ELEMS = 1 << 16
 _BF16_ULP = float(1 << 16)  # fp32 ordinals per bf16 ULP (bf16 = top 16 bits of fp32)
 
 ROW_SUMS = ("sum_d2", "sum_a2", "sum_b2", "sum_ab", "sum_absd", "max_absd", "n_rel",
-            "max_ulp", "n_valid", "nonfinite_a", "nonfinite_b", "nonfinite_mismatch")
+            "max_ulp", "n_valid", "nonfinite_a", "nonfinite_b", "nonfinite_mismatch",
+            "missing_a", "missing_b")
 
 
 def _ordinal(x32: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -54,7 +55,7 @@ class _Workspace:
     go through mmap/munmap and page faults, which costs more than the arithmetic."""
 
     def __init__(self, n: int) -> None:
-        self.bufs = [np.empty(n) for _ in range(4)] + [np.empty(n, np.int32)]
+        self.bufs = [np.empty(n) for _ in range(4)] + [np.empty(n, np.int32)]  # A B D T I32
         self.bufs += [np.empty(n, np.float32) for _ in range(2)] + [np.empty(n, bool)]
 
     def views(self, rows: int, width: int) -> tuple[np.ndarray, ...]:
@@ -66,14 +67,20 @@ def _chunk_sums(a: np.ndarray, b: np.ndarray, ws: _Workspace, out: dict[str, np.
                 sl: slice) -> None:
     """Fill ``out[*][sl]`` for rows ``a``/``b`` (each [r, D], any float dtype)."""
     rows, width = a.shape
-    A, B, D, T, I32, A32, B32, M = ws.views(rows, width)
+    A, B, *bufs = ws.views(rows, width)
     np.copyto(A, a)
     np.copyto(B, b)
-    finite = bool(np.isfinite(A).all() and np.isfinite(B).all())
-    if not finite:
+    out["n_valid"][sl] = width
+    _reduce(A, B, bufs, out, sl)
+    # NaN/Inf poison the sums: only then pay for locating them (the rare path)
+    if not (np.isfinite(out["sum_a2"][sl]).all() and np.isfinite(out["sum_b2"][sl]).all()):
         _mask_nonfinite(A, B, out, sl)
-    else:
-        out["n_valid"][sl] = width
+        _reduce(A, B, bufs, out, sl)
+
+
+def _reduce(A: np.ndarray, B: np.ndarray, bufs: list[np.ndarray], out: dict[str, np.ndarray],
+            sl: slice) -> None:
+    D, T, I32, A32, B32, M = bufs
     np.subtract(B, A, out=D)
     out["sum_d2"][sl] = np.vecdot(D, D)
     out["sum_a2"][sl] = np.vecdot(A, A)
@@ -93,13 +100,23 @@ def _chunk_sums(a: np.ndarray, b: np.ndarray, ws: _Workspace, out: dict[str, np.
 
 
 def _mask_nonfinite(A: np.ndarray, B: np.ndarray, out: dict[str, np.ndarray], sl: slice) -> None:
-    """Count NaN/Inf per row and zero them on both sides (rare path: only chunks with one)."""
+    """Count NaN/Inf per row and zero them on both sides.
+
+    A row that is NaN in *every* element on one side is "not captured" there (the Tracker
+    fills rows a site did not emit with NaN, e.g. prompt logits under ``generate``): it is
+    counted in ``missing_a``/``missing_b`` and left out, not reported as a NaN finding.
+    """
+    na, nb = np.isnan(A), np.isnan(B)
+    miss_a, miss_b = na.all(axis=1), nb.all(axis=1)
     fa, fb = np.isfinite(A), np.isfinite(B)
-    same = (A == B) | (np.isnan(A) & np.isnan(B))  # inf == inf, nan "==" nan: consistent
-    out["nonfinite_a"][sl] = (~fa).sum(axis=1)
-    out["nonfinite_b"][sl] = (~fb).sum(axis=1)
-    out["nonfinite_mismatch"][sl] = ((~fa | ~fb) & ~same).sum(axis=1)
-    ok = fa & fb
+    same = (A == B) | (na & nb)  # inf == inf, nan "==" nan: consistent
+    drop = (miss_a | miss_b)[:, None]
+    out["missing_a"][sl] = miss_a & ~miss_b
+    out["missing_b"][sl] = miss_b & ~miss_a
+    out["nonfinite_a"][sl] = (~fa & ~drop).sum(axis=1)
+    out["nonfinite_b"][sl] = (~fb & ~drop).sum(axis=1)
+    out["nonfinite_mismatch"][sl] = ((~fa | ~fb) & ~same & ~drop).sum(axis=1)
+    ok = fa & fb & ~drop
     out["n_valid"][sl] = ok.sum(axis=1)
     A[~ok] = 0.0
     B[~ok] = 0.0
@@ -130,9 +147,10 @@ def row_sums(a: np.ndarray, b: np.ndarray, idx_a: np.ndarray | None = None,
 
     def run(block: range) -> None:
         ws = _Workspace(step * width)
-        for s in block:
-            e = min(s + step, n)
-            _chunk_sums(_rows(a2, idx_a, s, e), _rows(b2, idx_b, s, e), ws, out, slice(s, e))
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: found and masked after
+            for s in block:
+                e = min(s + step, n)
+                _chunk_sums(_rows(a2, idx_a, s, e), _rows(b2, idx_b, s, e), ws, out, slice(s, e))
 
     if workers == 1 or len(starts) < 4:
         run(starts)
@@ -151,27 +169,28 @@ def derive(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """
     d2, a2, b2, ab = s["sum_d2"], s["sum_a2"], s["sum_b2"], s["sum_ab"]
     n = np.maximum(s["n_valid"], 1)
+    none = s["n_valid"] == 0  # nothing comparable (missing row): NaN, not a perfect score
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(d2 == 0, 0.0, np.sqrt(d2 / a2))
-        cos = np.where(d2 == 0, 1.0, ab / np.sqrt(a2 * b2))
+        cos = np.nan_to_num(np.where(d2 == 0, 1.0, ab / np.sqrt(a2 * b2)), nan=0.0)
         sqnr = np.where(d2 == 0, np.inf, 10 * np.log10(a2 / d2))
-    return {
+    metrics = {
         "max_abs": s["max_absd"],
         "mean_abs": s["sum_absd"] / n,
         "rel_l2": rel,
-        "cosine": np.nan_to_num(cos, nan=0.0),
+        "cosine": cos,
         "sqnr_db": sqnr,
         "permille_err": s["n_rel"] / n,
         "ulp_max": s["max_ulp"],
-        "nonfinite_a": s["nonfinite_a"],
-        "nonfinite_b": s["nonfinite_b"],
-        "nonfinite_mismatch": s["nonfinite_mismatch"],
     }
+    metrics = {k: np.where(none, np.nan, v) for k, v in metrics.items()}
+    return metrics | {k: s[k] for k in ("nonfinite_a", "nonfinite_b", "nonfinite_mismatch",
+                                        "missing_a", "missing_b")}
 
 
 def aggregate(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Whole-site sums from row sums (maxima stay maxima), as 0-d arrays for ``derive``."""
-    return {k: np.asarray(s[k].max() if k.startswith("max") else s[k].sum()) for k in ROW_SUMS}
+    return {k: np.asarray(s[k].max(initial=0.0) if k.startswith("max") else s[k].sum()) for k in ROW_SUMS}
 
 
 # ---------------------------------------------------------------- logits
@@ -187,18 +206,21 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def logit_rows(a: np.ndarray, b: np.ndarray, next_ids: np.ndarray, idx_a: np.ndarray | None = None,
-               idx_b: np.ndarray | None = None) -> dict[str, np.ndarray]:
+               idx_b: np.ndarray | None = None, valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Distribution metrics per token from logits a, b [N, V] (float64 log-softmax).
 
     kl = KL(softmax a || softmax b); dlogprob = |log p_b(t) - log p_a(t)| for the given next
     token t (``next_ids`` [N], -1 where unknown -> NaN); top1 = argmax agreement (0/1).
+    Rows outside ``valid`` ([N] bool, e.g. not captured on one side) are NaN.
     """
     n = len(a) if idx_a is None else len(idx_a)
     vocab = a.shape[1]
-    kl, dlp, top1 = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n)
+    kl, dlp, top1 = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     step = max(1, LOGIT_CHUNK_ELEMS // vocab)
     for s in range(0, n, step):
         e = min(s + step, n)
+        if valid is not None and not valid[s:e].any():
+            continue
         la = _log_softmax(_rows(a, idx_a, s, e).astype(np.float64))
         lb = _log_softmax(_rows(b, idx_b, s, e).astype(np.float64))
         pa = np.exp(la)
@@ -209,6 +231,9 @@ def logit_rows(a: np.ndarray, b: np.ndarray, next_ids: np.ndarray, idx_a: np.nda
         r = np.arange(e - s)[known]
         dlp[s:e][known] = np.abs(lb[r, t[known]] - la[r, t[known]])
         top1[s:e] = np.argmax(la, axis=1) == np.argmax(lb, axis=1)
+    if valid is not None:
+        for v in (kl, dlp, top1):
+            v[~valid] = np.nan
     return {"kl": kl, "dlogprob": dlp, "top1": top1}
 
 
@@ -223,7 +248,7 @@ def logit_summary(rows: dict[str, np.ndarray]) -> dict[str, float]:
         "dlogprob_max": float(dlp.max()) if dlp.size else nan,
         "dlogprob_mean": float(dlp.mean()) if dlp.size else nan,
         "dlogprob_p99": float(np.percentile(dlp, 99)) if dlp.size else nan,
-        "top1_agree": float(rows["top1"].mean()) if rows["top1"].size else nan,
+        "top1_agree": float(np.nanmean(rows["top1"])) if np.isfinite(rows["top1"]).any() else nan,
     }
 
 

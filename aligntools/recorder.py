@@ -169,10 +169,10 @@ class Recorder:
 
     def _store(self, site: str, rows: torch.Tensor, v: torch.Tensor, *, copy: bool,
                dtype_attr: str | None = None) -> None:
-        if site not in self._specs:
-            self._specs[site] = self._spec(site, v, dtype_attr or str(v.dtype).removeprefix("torch."))
         if self.budget_bytes is not None and self._stored_bytes + self._nbytes(v) > self.budget_bytes:
             self._over_budget(site, v)
+        if site not in self._specs:
+            self._specs[site] = self._spec(site, v, dtype_attr or str(v.dtype).removeprefix("torch."))
         if self.mode == "stats":
             data = row_stats(v).cpu()  # [n, 8] float64
         else:

@@ -59,7 +59,8 @@ class Report:
 
     def table(self, df: pd.DataFrame, failed: pd.Series | None = None, float_format: str = "{:.3g}") -> "Report":
         """``df`` as an HTML table (index shown as the first column); rows where the boolean
-        ``failed`` (aligned with ``df.index``) is True are shaded red."""
+        ``failed`` (aligned with ``df.index``) is True are shaded red. Boolean cells read
+        ``pass`` / ``FAIL``: the tables here are verdict tables."""
         head = "".join(f"<th>{html.escape(str(c))}</th>" for c in [df.index.name or "", *df.columns])
         rows = []
         for idx, row in df.iterrows():
@@ -102,11 +103,18 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is an ordinary file
         os.replace(tmp, p)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise OSError(f"cannot write report to {p}: {e.strerror or e}") from e
     return p
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _cell(value: object, float_format: str) -> str:

@@ -10,8 +10,9 @@ All ratios are measured in the same run and printed. How peak memory is measured
 * CPU: torch has no allocator statistics on CPU, so each variant runs forward+backward in a
   *fresh subprocess* and we read the process's peak resident set size (``ru_maxrss``) after the
   inputs are allocated and before the call; the difference is the extra memory the call needed
-  at its peak. torch's CPU allocator returns large blocks to the OS on free, so RSS tracks live
-  tensors to within allocator slack; a tiny warm-up call first keeps one-off library
+  at its peak. torch's CPU allocator frees straight to malloc; with glibc's mmap threshold pinned
+  to 1 MiB (``MALLOC_MMAP_THRESHOLD_``) every tensor buffer is its own mapping, returned to the OS
+  on free, so RSS tracks live tensors; a tiny warm-up call first keeps one-off library
   initialisation out of the number. We also print the analytic size of the largest [rows, V]
   fp32 intermediate of each variant as a cross-check.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -76,7 +78,10 @@ def peak_extra_bytes(variant: str, n: int, hidden: int, vocab: int, dtype: str, 
         return torch.cuda.max_memory_allocated() - base
     cmd = [sys.executable, __file__, "--child", variant, "--n", str(n), "--hidden", str(hidden),
            "--vocab", str(vocab), "--dtype", dtype]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
+    # A fixed glibc mmap threshold stops malloc from moving freed 32 MiB chunk buffers onto the
+    # heap, where fragmentation would keep them resident: RSS then tracks live tensors.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_extra_bytes"]
 
 

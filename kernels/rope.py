@@ -116,7 +116,7 @@ def hf(
     Who: the HF training engine; Megatron's unfused ``apply_rotary_pos_emb`` does the same
     casts. Why it differs: cos/sin are rounded to bf16 and each product and sum is rounded to
     bf16 — four roundings per output instead of one. For ``style="gptj"`` the same recipe
-    with interleaved pairs (transformers' GPT-J ``rotate_every_two``).
+    with interleaved pairs, bit-exact vs transformers' GPT-J (fp32 table cast to ``x.dtype``).
     """
     check(x, positions, theta, rotary_dim, style)
     ang = angles(positions, theta, rotary_dim, torch.float32)  # [N, R/2]

@@ -16,7 +16,10 @@ from aligntools.adapters.base import Adapter
 
 def adapter_for(target: object) -> Adapter:
     """The adapter for a transformers model, a minirl Engine, an nnsight model, a vLLM
-    ``LLM``, an SGLang model runner or any ``nn.Module`` (raw module paths, with a warning)."""
+    ``LLM``, an SGLang model runner, an ``Adapter`` instance (used as is) or any ``nn.Module``
+    (raw module paths, with a warning)."""
+    if isinstance(target, Adapter):  # a custom engine brings its own adapter
+        return target
     kind = type(target).__module__.split(".")[0]
     if kind == "nnsight":
         return adapter_for(target._module)

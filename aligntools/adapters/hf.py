@@ -9,8 +9,8 @@ not a module, so while attached the adapter swaps that symbol in the attention's
 module for a wrapper that returns the original's result unchanged and emits it (restored
 on detach); an attention pre-hook tells the wrapper which layer is running. Routing: the
 transformers 5 routers return ``(logits, topk_weights, topk_ids)``, read as computed;
-a router that returns only logits is routed like transformers does (fp32 softmax, top-k,
-renormalised when ``config.norm_topk_prob`` says so).
+a router that returns only logits is routed like transformers does (``route_softmax_topk``,
+renormalised when ``config.norm_topk_prob`` says so, default True as Mixtral always does).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch import nn
 
 from aligntools.adapters.base import Adapter
 from aligntools.adapters.roles import LayerRoles, ModelRoles
+from aligntools.adapters.routing import route_softmax_topk
 from aligntools.adapters.torch_layout import ForwardLayout, call_inputs
 from aligntools.provenance import model_hash
 from aligntools.recorder import DERIVED, Recorder
@@ -184,7 +185,8 @@ class HFAdapter(Adapter):
                 weights = weights.gather(-1, ids)
         else:
             logits = out[0] if isinstance(out, (tuple, list)) else out
-            weights, ids = route_like_transformers(logits, self.config)
+            weights, ids = route_softmax_topk(logits, int(getattr(self.config, "num_experts_per_tok", 2)),
+                                              bool(getattr(self.config, "norm_topk_prob", True)))
         self._emit(f"L{layer}.router_logits", logits)
         self._emit(f"L{layer}.topk_ids", ids)
         self._emit(f"L{layer}.topk_weights", weights)
@@ -211,17 +213,6 @@ class HFAdapter(Adapter):
             knobs["attn_implementation"] = impl
         path = getattr(self.model, "name_or_path", None) or getattr(self.config, "_name_or_path", None)
         return {"dtype": _dtype(self.model), "knobs": knobs, "model_hash": model_hash(self.model, path or None)}
-
-
-def route_like_transformers(logits: torch.Tensor, config: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """(top-k weights, top-k ids) from router logits [N, E]: fp32 softmax, top-k, renormalise
-    when ``config.norm_topk_prob`` (default True, as Mixtral always does)."""
-    k = int(getattr(config, "num_experts_per_tok", 2))
-    probs = torch.softmax(logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, k, dim=-1)
-    if getattr(config, "norm_topk_prob", True):
-        weights = weights / weights.sum(-1, keepdim=True)
-    return weights, ids
 
 
 def _out_hook(module: nn.Module, emit: Callable[[torch.Tensor], None]):

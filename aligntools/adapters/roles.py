@@ -115,7 +115,7 @@ def _embed(model: nn.Module, holder: nn.Module) -> nn.Module | None:
     if get is not None:
         try:
             found = get()
-        except (NotImplementedError, AttributeError):
+        except (NotImplementedError, AttributeError, TypeError):  # vLLM's takes input ids
             found = None
         if isinstance(found, nn.Module):
             return found

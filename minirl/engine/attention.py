@@ -26,12 +26,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardB
     """
     n, h, d = q.shape
     if cache is not None:
-        cache.write(layer, batch.cache_index, batch.positions, k, v)
+        cache.write(layer, batch, k, v)
     if batch.decode:
-        assert cache is not None and batch.context_lens is not None
         kc, vc = cache.read(layer, batch.cache_rows, batch.max_context, q.dtype)  # [B, kv, L, d]
-        out = _attend(q[:, :, None, :], kc, vc, batch.decode_mask, causal=False, backend=backend,
-                      scale=scale)
+        mask = batch.decode_mask  # [B, 1, 1, L] or None
+        if backend == "sdpa":
+            # GQA packing (FlashInfer / flash-decoding): the query heads sharing a KV head are
+            # the query rows of one [rep, L] problem, so no KV head is read twice.
+            kv = kc.shape[1]
+            out = F.scaled_dot_product_attention(q.view(n, kv, h // kv, d), kc, vc, attn_mask=mask,
+                                                 scale=scale)  # [B, kv, rep, d]
+            return out.reshape(n, h * d)
+        out = _attend(q[:, :, None, :], kc, vc, mask, causal=False, backend=backend, scale=scale)
         return out.reshape(n, h * d)  # [B, 1, h, d] -> [N, h*d]
     b, s = batch.n_seqs, batch.max_len
     qp, kp, vp = (_pad(t, batch, b, s) for t in (q, k, v))  # [B, heads, S, d]
@@ -42,8 +48,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardB
 
 def _pad(t: torch.Tensor, batch: ForwardBatch, b: int, s: int) -> torch.Tensor:
     """Flat [N, heads, d] -> right-padded [B, heads, S, d]."""
-    if batch.pad_index is None:
-        return t.reshape(1, s, *t.shape[1:]).transpose(1, 2)
+    if batch.pad_index is None:  # equal lengths: the flat layout already is [B, S]
+        return t.reshape(b, s, *t.shape[1:]).transpose(1, 2)
     out = t.new_zeros(b * s, *t.shape[1:])
     out[batch.pad_index] = t
     return out.view(b, s, *t.shape[1:]).transpose(1, 2)

@@ -25,7 +25,7 @@ class ForwardBatch:
     decode: bool  # True: one new token per sequence, attending to the KV cache
     seq_lens: list[int]  # new tokens per sequence, in order
     cache_rows: slice | None  # rows of the KV cache these sequences occupy; None = no cache
-    pad_index: torch.Tensor | None = None  # [N] flat -> b * S + s (prefill, B > 1)
+    pad_index: torch.Tensor | None = None  # [N] flat -> b * S + s (prefill, unequal lengths)
     context_lens: torch.Tensor | None = None  # [B] tokens visible after this call (decode)
     emit_rows: torch.Tensor | None = None  # rows that taps and routing capture see; None = all
 
@@ -48,6 +48,13 @@ class ForwardBatch:
         assert self.cache_rows is not None
         rows = torch.arange(self.cache_rows.start, self.cache_rows.stop)
         return rows if self.decode else rows.repeat_interleave(torch.tensor(self.seq_lens))
+
+    @cached_property
+    def uniform_position(self) -> int | None:
+        """The shared position of a decode step whose rows are all at the same position."""
+        if not self.decode or bool((self.positions != self.positions[0]).any()):
+            return None
+        return int(self.positions[0])
 
     @cached_property
     def max_context(self) -> int:
@@ -79,8 +86,8 @@ class ForwardBatch:
         positions = torch.cat([torch.arange(n) for n in lens])
         request = torch.tensor(requests).repeat_interleave(torch.tensor(lens))
         pad_index = None
-        if len(seqs) > 1:
-            s_max = max(lens)
+        s_max = max(lens)
+        if any(n != s_max for n in lens):
             pad_index = torch.cat([b * s_max + torch.arange(n) for b, n in enumerate(lens)])
         rows = None if cache_start is None else slice(cache_start, cache_start + len(seqs))
         batch = cls(ids, positions, request, step, False, lens, rows, pad_index=pad_index)

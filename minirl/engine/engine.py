@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import torch
 
@@ -46,6 +47,7 @@ class Engine:
         self._weight_map = WeightMap(self.spec)
         self.model.load(self._weight_map.fuse(hf_weights))
         self._taps: list[Callable] = []
+        self.path: Path | None = None  # the checkpoint directory, when loaded from one
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: str | torch.dtype = "float32",
@@ -53,7 +55,9 @@ class Engine:
         """Load ``config.json`` + safetensors from ``path``. Runs on CPU (``device="cpu"``)."""
         if torch.device(device).type != "cpu":
             raise NotImplementedError(f"device={device!r}: the minirl engine runs on CPU only for now")
-        return cls(read_config(path), read_safetensors(path), dtype=dtype, knobs=knobs)
+        engine = cls(read_config(path), read_safetensors(path), dtype=dtype, knobs=knobs)
+        engine.path = Path(path)
+        return engine
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -137,7 +141,7 @@ class Engine:
             if processed is not None:
                 processed[alive, t] = plp
             n_gen[alive] = t + 1
-            stopped = torch.isin(tok, stop_ids)
+            stopped = (tok[:, None] == stop_ids).any(-1)  # [B]
             finish_stop[alive] = stopped
             done = stopped | (n_gen[alive] >= budget[alive])  # [B]
             # Feed the sampled tokens, including the final ones (R3 routing of every token).

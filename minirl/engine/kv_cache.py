@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from minirl.engine.batch import ForwardBatch
+
 
 class KVCache:
     def __init__(self, n_layers: int, rows: int, capacity: int, n_kv: int, head_dim: int,
@@ -22,11 +24,16 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
         self.dtype = dtype
 
-    def write(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
-              v: torch.Tensor) -> None:
-        """Store ``k``/``v`` [N, n_kv, head_dim] at (rows[i], positions[i])."""
-        self.k[layer][rows, :, positions] = k.to(self.dtype)
-        self.v[layer][rows, :, positions] = v.to(self.dtype)
+    def write(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the batch's ``k``/``v`` [N, n_kv, head_dim] at each token's (row, position)."""
+        k, v = k.to(self.dtype), v.to(self.dtype)
+        pos = batch.uniform_position
+        if pos is not None:  # decode step where every row is at the same position: a slice copy
+            self.k[layer][batch.cache_rows, :, pos] = k
+            self.v[layer][batch.cache_rows, :, pos] = v
+            return
+        self.k[layer][batch.cache_index, :, batch.positions] = k
+        self.v[layer][batch.cache_index, :, batch.positions] = v
 
     def read(self, layer: int, rows: slice, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of ``rows`` for positions ``< length``: [B, n_kv, length, head_dim] in ``dtype``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aligntools import assert_aligned
+from aligntools import Capture, assert_aligned
 from aligntools.accuracy_gate import accuracy_gate
 from analyzer_synth import downstream, noise
 
@@ -45,14 +45,13 @@ def test_pytest_fixture_uses_project_tolerance(pytester, trio, tmp_path):
     ref, base, good, _ = trio
     paths = {}
     for name, ds in (("ref", ref), ("base", base), ("good", good)):
-        paths[name] = tmp_path / f"{name}.nc"
-        ds.to_netcdf(paths[name], engine="h5netcdf")
+        paths[name] = Capture(ds).save(tmp_path / f"{name}.zarr")
     pytester.makeconftest('pytest_plugins = ["aligntools.pytest_plugin"]')
     pytester.makefile(".json", tol='{"default": {"k": 0.5, "atol": 0.0}}')
     pytester.makepyfile(f"""
-        import xarray as xr
+        from aligntools import Capture
         def load(p):
-            return xr.load_dataset(p, engine="h5netcdf")
+            return Capture.load(p)
         def test_gate(assert_aligned):
             assert_aligned(load({str(paths['good'])!r}), load({str(paths['base'])!r}), load({str(paths['ref'])!r}))
     """)

@@ -13,9 +13,9 @@ from analyzer_synth import downstream, noise
 
 @pytest.fixture(scope="module")
 def files(synth, tmp_path_factory):
-    d = tmp_path_factory.mktemp("diff")
+    d = tmp_path_factory.mktemp("diff")  # zarr: the venv has no h5py for netCDF
     bad = noise(synth, {s: 1e-3 for s in downstream("L2.attn_norm", synth)})
-    return {name: Capture(ds).save(d / f"{name}.nc") for name, ds in (("a", synth), ("bad", bad))}
+    return {name: Capture(ds).save(d / f"{name}.zarr") for name, ds in (("a", synth), ("bad", bad))}
 
 
 def test_identical_captures_exit_0(files, capsys):

@@ -100,3 +100,16 @@ def test_topk_set_and_order_flips():
     b = np.array([[1, 2], [2, 1], [1, 3]])
     r = M.topk_rows(a, b)
     assert r["set_flip"].tolist() == [0, 0, 1] and r["order_flip"].tolist() == [0, 1, 0]
+
+
+def test_all_nan_row_on_one_side_is_missing_not_a_nan_finding():
+    """The Tracker fills rows a site did not emit with NaN (e.g. prompt logits under generate)."""
+    a = np.ones((3, 4), dtype=np.float32)
+    b = a * 1.01
+    b[1] = np.nan
+    s = M.row_sums(a, b)
+    rows = M.derive(s)
+    assert rows["missing_b"].tolist() == [0, 1, 0] and rows["nonfinite_mismatch"].sum() == 0
+    assert np.isnan(rows["rel_l2"][1]) and rows["rel_l2"][0] == pytest.approx(0.01, rel=1e-5)
+    lr = M.logit_rows(a, b, np.array([0, 1, -1]), valid=s["n_valid"] > 0)
+    assert np.isnan(lr["top1"][1]) and M.logit_summary(lr)["top1_agree"] == 1.0

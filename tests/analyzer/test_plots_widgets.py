@@ -45,5 +45,5 @@ def test_explorer_rerenders_on_control_changes(cmp):
     assert ex.figure is not first and ex.figure.axes[0].get_title() == "rel_l2 in layer 2"
     ex.metric.value = "cosine"
     ex.kind.value = "attn_norm"
-    assert ex.figure.axes[-2].get_title() == "cosine at L*.attn_norm"
+    assert "cosine at L*.attn_norm" in [ax.get_title() for ax in ex.figure.axes]
     assert set(ex.metric.options) >= {"rel_l2", "ulp_max", "sqnr_db"}

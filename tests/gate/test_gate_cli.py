@@ -41,9 +41,11 @@ def test_one_divergent_knob_on_an_aligned_engine_fails(moe, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--model", "/nonexistent/model"], "does not exist"),
     (["--infer", "minirl:aligned,not_a_knob=1"], "unknown knob"),
-    (["--infer", "minirl:fastest"], "unknown preset"),
-    (["--train", "hf:int8"], "training dtype"),
+    (["--infer", "minirl:fastest"], "preset 'fastest'"),
+    (["--train", "hf:int8"], "preset 'int8'"),
     (["--tokens", "3"], "--tokens"),
+    (["--train", "minirl"], "--train must be hf"),
+    (["--infer", "hf:bfloat16"], "--infer must be minirl"),
 ])
 def test_usage_errors_exit_2(moe, argv, message, capsys):
     args = ["check", "--model", str(moe), *argv] if argv[0] != "--model" else ["check", *argv]
@@ -67,7 +69,7 @@ def test_unwritable_report_exits_2_after_printing_the_verdict(moe, tmp_path, cap
 
 def test_tolerance_file_overrides_the_limits(moe, tmp_path, capsys):
     loose = tmp_path / "loose.json"
-    loose.write_text('{"dtypes": {"bfloat16": {"atol": 1.0}}}')
+    loose.write_text('{"default": {"atol": 1.0}}')
     main(["check", "--model", str(moe), "--infer", "minirl", *TOKENS, "--tolerance", str(loose)])
     out = capsys.readouterr().out
     assert "sites over their limit" not in out  # every site within atol 1.0 now

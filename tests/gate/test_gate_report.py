@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 
 import matplotlib
 
@@ -34,10 +35,15 @@ def test_report_embeds_table_figure_and_escapes():
     assert "src=\"http" not in html and "<link" not in html  # nothing fetched from outside
 
 
-def test_write_is_atomic_and_leaves_no_temp_files(tmp_path):
-    out = _report().write(tmp_path / "sub" / "r.html")
+def test_write_is_atomic_and_respects_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        out = _report().write(tmp_path / "sub" / "r.html")
+    finally:
+        os.umask(old)
     assert out.read_text().startswith("<!DOCTYPE html>")
-    assert sorted(p.name for p in out.parent.iterdir()) == ["r.html"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["r.html"]  # no temp file left
+    assert out.stat().st_mode & 0o777 == 0o644  # an ordinary file, not mkstemp's 0600
 
 
 def test_path_under_a_file_names_the_path(tmp_path):

@@ -61,6 +61,18 @@ def test_hf_is_bit_exact_vs_transformers(dtype, rotary_dim):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_hf_gptj_style_is_bit_exact_vs_transformers_gptj(dtype):
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb, create_sinusoidal_positions
+
+    x, pos = data(dtype)
+    sincos = create_sinusoidal_positions(4000, 8)[pos].to(dtype)  # GPT-J: fp32 table cast to x.dtype
+    sin, cos = sincos.chunk(2, dim=-1)
+    rot = apply_rotary_pos_emb(x[None, ..., :8], sin[None], cos[None])[0]
+    got = kernels.get("rope", "hf")(x, pos, theta=10_000.0, rotary_dim=8, style="gptj")
+    assert torch.equal(got, torch.cat((rot, x[..., 8:]), -1))
+
+
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
 @pytest.mark.parametrize("style", ["neox", "gptj"])
 def test_partial_rotary_passes_tail_through_and_rotates_head(variant, style):

@@ -1,0 +1,215 @@
+"""Inference-engine module trees (vLLM, SGLang) -> sites, undoing their fusions at capture time.
+
+vLLM and SGLang share one module layout and one set of conventions, which is why one piece
+serves both (their adapters only add how the token layout and the model are reached):
+  * tensors are flat ``[num_tokens, ...]`` over all requests of a step (no batch dim);
+  * ``qkv_proj`` is one GEMM: q, k, v are split by ``(q_size, kv_size, kv_size)``; q/k after
+    RoPE are the outputs of ``self_attn.rotary_emb(positions, q, k) -> (q, k)``;
+  * linear layers return ``(out, bias)``; the MoE ``gate`` returns ``(router_logits, None)``
+    and the top-k happens inside the fused-MoE kernel (recomputed here the way the kernel
+    routes: fp32 softmax, top-k, renormalised when the config says so);
+  * ``RMSNorm(x, residual)`` is fused add+norm, returns ``(normed, x + residual)`` and writes
+    both into its input buffers *in place*; a decoder layer returns the pair
+    ``(delta, residual)`` and the next layer's norm adds them. So ``resid_mid`` is the
+    residual returned by ``post_attention_layernorm``, ``resid_post`` is rebuilt as
+    ``delta + residual`` from the layer's output, and every value is copied when its hook
+    fires (the Recorder copies), before the next fused op overwrites the buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from aligntools.adapters.base import Adapter
+from aligntools.adapters.roles import ModelRoles, find_roles
+from aligntools.adapters.routing import route_softmax_topk
+from aligntools.provenance import model_hash
+from aligntools.recorder import DERIVED, Recorder
+from aligntools.sites import sort_sites
+from aligntools.token_meta import TokenMeta
+
+Reader = Callable[[tuple, object], dict[str, torch.Tensor]]  # (inputs, output) -> {kind: value}
+
+
+def first(out: object) -> torch.Tensor:
+    """The tensor of a module output that may be ``(out, bias)`` / ``(normed, residual)``."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def split_qkv(qkv: torch.Tensor, q_size: int, kv_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused ``qkv`` [T, q_size + 2 kv_size] -> q [T, q_size], k, v [T, kv_size]."""
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    return q, k, v
+
+
+def rebuild_residual(layer_output: object) -> torch.Tensor:
+    """The residual stream after a layer from the engines' ``(delta, residual)`` return."""
+    if isinstance(layer_output, (tuple, list)) and len(layer_output) == 2 and layer_output[1] is not None:
+        delta, residual = layer_output
+        return delta + residual
+    return first(layer_output)
+
+
+def norm_outputs(out: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``RMSNorm`` return -> (normed, residual after the fused add or None)."""
+    if isinstance(out, (tuple, list)):
+        return out[0], out[1]
+    return out, None
+
+
+Rows = tuple[torch.Tensor | None, TokenMeta]  # (row indices of a flat tensor or None for all, their meta)
+
+
+def flat_meta(input_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
+              requests: list[int], steps: list[int]) -> list[Rows]:
+    """Token rows of a flat step: request ``requests[i]`` owns rows
+    ``query_start_loc[i]:query_start_loc[i+1]`` and is at step ``steps[i]``.
+
+    One entry per distinct step: continuous batching mixes the prefill of new requests
+    (step 0) with decode steps of others in one forward.
+    """
+    starts = query_start_loc.tolist()
+    req = torch.empty(len(input_ids), dtype=torch.long)
+    step = torch.empty(len(input_ids), dtype=torch.long)
+    for i, (lo, hi) in enumerate(zip(starts[:-1], starts[1:])):
+        req[lo:hi], step[lo:hi] = requests[i], steps[i]
+    out: list[Rows] = []
+    for s in sorted(set(steps)):
+        idx = torch.nonzero(step == s)[:, 0]
+        meta = TokenMeta(request=req[idx], position=positions.cpu().long()[idx],
+                         token_id=input_ids.cpu().long()[idx], step=int(s))
+        out.append((None if len(idx) == len(input_ids) else idx, meta))
+    return out
+
+
+@dataclass(frozen=True)
+class HookPlan:
+    """One hooked module: its path, how to read it, and the sites it yields."""
+
+    path: str
+    module: nn.Module
+    read: Reader
+    kinds: tuple[str, ...]
+    layer: int | None
+
+
+def hook_plan(model: nn.Module, roles: ModelRoles, top_k: int, renormalize: bool) -> list[HookPlan]:
+    """Which module feeds which sites, for a vLLM/SGLang-style tree (also a debugging map)."""
+    paths = {id(m): p for p, m in model.named_modules()}
+    plan: list[HookPlan] = []
+
+    def add(module: nn.Module | None, read: Reader, kinds: tuple[str, ...], layer: int | None = None) -> None:
+        if module is not None:
+            plan.append(HookPlan(paths[id(module)], module, read, kinds, layer))
+
+    add(roles.embed, lambda a, o: {"embed": first(o)}, ("embed",))
+    for lr in roles.layers:
+        i, attn = lr.index, lr.attn
+        add(lr.attn_norm, lambda a, o: {"attn_norm": norm_outputs(o)[0]}, ("attn_norm",), i)
+        add(getattr(attn, "rotary_emb", None), lambda a, o: {"q": o[0], "k": o[1]}, ("q", "k"), i)
+        if lr.fused_qkv:
+            sizes = (attn.q_size, attn.kv_size)
+            add(attn.qkv_proj, lambda a, o, s=sizes: {"v": split_qkv(first(o), *s)[2]}, ("v",), i)
+        add(attn, lambda a, o: {"attn_out": first(o)}, ("attn_out",), i)
+        add(lr.mlp_norm, lambda a, o: dict(zip(("mlp_norm", "resid_mid"), norm_outputs(o))),
+            ("resid_mid", "mlp_norm"), i)
+        if lr.router is not None:
+            add(lr.router, lambda a, o: _routing(first(o), top_k, renormalize),
+                ("router_logits", "topk_ids", "topk_weights"), i)
+        add(lr.mlp, lambda a, o: {"mlp_out": first(o)}, ("mlp_out",), i)
+        add(lr.layer, lambda a, o: {"resid_post": rebuild_residual(o)}, ("resid_post",), i)
+    add(roles.final_norm, lambda a, o: {"final_norm": norm_outputs(o)[0]}, ("final_norm",))
+    add(_child(model, "logits_processor"), lambda a, o: {"logits": first(o)}, ("logits",))
+    return plan
+
+
+def _routing(logits: torch.Tensor, k: int, renormalize: bool) -> dict[str, torch.Tensor]:
+    weights, ids = route_softmax_topk(logits, k, renormalize)
+    return {"router_logits": logits, "topk_ids": ids, "topk_weights": weights}
+
+
+def _child(model: nn.Module, name: str) -> nn.Module | None:
+    found = getattr(model, name, None)
+    return found if isinstance(found, nn.Module) else None
+
+
+class FusedModuleAdapter(Adapter):
+    """Hooks a vLLM/SGLang-style model. ``layout(args, kwargs) -> list[Rows]`` gives the token
+    rows of each forward of ``model`` (see ``flat_meta``); subclasses say where the layout
+    comes from and how the engine is reached."""
+
+    engine = "module"
+
+    def __init__(self, model: nn.Module, config: object, layout: Callable[[tuple, dict], list[Rows]]) -> None:
+        roles = find_roles(model, config)
+        if roles is None:
+            raise ValueError(f"{type(model).__qualname__}: no decoder layers with qkv_proj/o_proj found")
+        self.model, self.config, self.roles, self.layout = model, config, roles, layout
+        self.plan = hook_plan(model, roles, int(getattr(config, "num_experts_per_tok", 2)),
+                              bool(getattr(config, "norm_topk_prob", True)))
+        self._handles: list = []
+        self._rows: list[Rows] | None = None
+
+    def available_sites(self) -> list[str]:
+        sites = [k if p.layer is None else f"L{p.layer}.{k}" for p in self.plan for k in p.kinds]
+        return sort_sites(sites + (list(DERIVED) if "logits" in sites else []))
+
+    def attach(self, recorder: Recorder) -> None:
+        need = recorder.needed
+        self._handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
+        for p in self.plan:
+            names = {k: k if p.layer is None else f"L{p.layer}.{k}" for k in p.kinds}
+            if need & set(names.values()):
+                self._handles.append(p.module.register_forward_hook(
+                    lambda m, a, o, p=p, names=names: self._emit(recorder, need, names, p.read(a, o))))
+
+    def _begin(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._rows = self.layout(args, kwargs)
+
+    def _emit(self, rec: Recorder, need: set[str], names: dict[str, str], values: dict[str, torch.Tensor]) -> None:
+        if self._rows is None:
+            return
+        for kind, value in values.items():
+            if names[kind] not in need or value is None:
+                continue
+            rows = self._rows if value.shape[0] == self._n_rows() else self._last_rows(value.shape[0])
+            for idx, meta in rows:
+                rec.emit(names[kind], value if idx is None else value[idx.to(value.device)], meta)
+
+    def _n_rows(self) -> int:
+        return sum(len(meta.request) for _, meta in self._rows)
+
+    def _last_rows(self, n: int) -> list[Rows]:
+        """Rows of a tensor computed only at each request's last token (engines compute
+        logits for the sampled positions only); [] when ``n`` is not the request count."""
+        total = self._n_rows()
+        cols = torch.empty(4, total, dtype=torch.long)  # request, position, token, step in flat order
+        for idx, meta in self._rows:
+            at = slice(None) if idx is None else idx
+            cols[0, at], cols[1, at], cols[2, at], cols[3, at] = (meta.request, meta.position, meta.token_id,
+                                                                  meta.step)
+        last = torch.nonzero(torch.cat([cols[0, 1:] != cols[0, :-1], torch.tensor([True])]))[:, 0]
+        if len(last) != n:
+            return []
+        req, pos, tok, step = cols[:, last]
+        return [(torch.nonzero(step == s)[:, 0], TokenMeta(req[step == s], pos[step == s], tok[step == s], int(s)))
+                for s in sorted(set(step.tolist()))]
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._rows = None
+
+    def run(self, input_ids: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} captures the engine's own calls; run it under the Tracker")
+
+    def describe(self) -> dict:
+        p = next((p for p in self.model.parameters() if p.is_floating_point()), None)
+        dtype = str(p.dtype).removeprefix("torch.") if p is not None else "unknown"
+        path = getattr(self.config, "_name_or_path", None)
+        return {"dtype": dtype, "knobs": {}, "model_hash": model_hash(self.model, path or None)}
