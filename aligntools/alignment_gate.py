@@ -21,13 +21,17 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 
 from aligntools.report import Report
-from aligntools.tolerance import Tolerance, canonical_dtype, coarser
+from aligntools.tolerance import Tolerance, coarser
+
+if TYPE_CHECKING:
+    from minirl import Knobs
 
 CORPUS = Path(__file__).resolve().parent.parent / "datasets" / "tiny_corpus.txt"
 
@@ -115,7 +119,7 @@ def parse_train(spec: str) -> str:
 class InferSpec:
     """The inference side: knobs (preset + overrides), the preset's name, dtype, overrides."""
 
-    knobs: object
+    knobs: Knobs
     preset: str
     dtype: str
     overrides: dict
@@ -160,14 +164,6 @@ def load_hf(path: Path, dtype: str):
     except Exception as e:  # noqa: BLE001 - a bad checkpoint surfaces as many error types
         raise GateUsageError(f"unreadable checkpoint {path}: {type(e).__name__}: {e}") from e
     return model.eval()
-
-
-@torch.no_grad()
-def hf_logprobs(path: Path, ids: torch.Tensor, dtype: str) -> torch.Tensor:
-    """Training-engine logprobs [B, S-1] (float32 log-softmax of its logits, next token)."""
-    logits = load_hf(path, dtype)(input_ids=ids, use_cache=False).logits  # [B, S, V]
-    logp = logits.float().log_softmax(-1)[:, :-1]
-    return logp.gather(-1, ids[:, 1:, None])[..., 0]
 
 
 # ---------------------------------------------------------------- the gate
@@ -246,8 +242,9 @@ class GateResult:
         r = Report(f"Alignment gate: {self.setup['infer']} vs {self.setup['train']}")
         r.verdict(self.passed, self.verdict)
         r.text(_setup_line(self.setup))
-        r.text(f"Limits: k x noise floor + atol (dtype of the pair); noise floor = the training engine's "
-               f"own error against a float64 run of the same model on the same tokens.")
+        r.text("Limits: k x noise floor + atol (dtype of the pair); noise floor = the training engine's "
+               "own error against a float64 run of the same model on the same tokens.")
+        r.preformatted("inference knobs: " + ", ".join(f"{k}={v}" for k, v in self.setup["knobs"].items()))
         r.heading("Final |Δ logprob|").table(self.logprob, failed=~self.logprob["passes"])
         fd = self.first_divergence
         r.heading("First divergence").text(str(fd) if fd else "none: no site jumps above its inputs' error")
@@ -294,6 +291,7 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
     inf = parse_infer(infer, dtype)
     policy = _tolerance(tolerance)
     ids = prepare_tokens(path, tokens)  # [B, S]
+    engine = Engine.from_pretrained(path, dtype=inf.dtype, knobs=inf.knobs)  # fails fast on an unsupported arch
     bar = tqdm(total=5, desc="alignment gate", unit="step", disable=not progress)
 
     def step(what: str, fn):
@@ -304,7 +302,6 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
 
     train_cap = step("train capture", lambda: capture(load_hf(path, train_dtype), ids, progress=False))
     ref_cap = step("float64 capture", lambda: capture(load_hf(path, "float64"), ids, progress=False))
-    engine = Engine.from_pretrained(path, dtype=inf.dtype, knobs=inf.knobs)
     infer_cap = step("infer capture", lambda: capture(engine, ids, progress=False))
     floor = step("noise floor", lambda: compare(ref_cap, train_cap, labels=("hf:float64", "train")))
     floors = {s: r.summary["rel_l2"] for s, r in floor.results.items() if "rel_l2" in r.summary}

@@ -20,11 +20,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from minirl import Knobs
 
 RESIDUAL = "residual (dtype)"
 GapFn = Callable[[dict[str, object]], float]  # knob changes (name -> value) -> mean |Δ logprob|
@@ -121,7 +125,7 @@ def _share(g0: float, g: float) -> float:
     return max(g0 - g, 0.0) / g0 if g0 > 0 else 0.0
 
 
-def attribute(model_path: str | os.PathLike, infer_knobs=None, train: str = "hf", dtype: str = "bfloat16",
+def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, train: str = "hf", dtype: str = "bfloat16",
               tokens: int | torch.Tensor = 256, knobs: Sequence[str] | None = None,
               progress: bool = True) -> Attribution:
     """Share of the final mean |Δ logprob| (minirl vs the training engine) each knob explains.
@@ -133,9 +137,9 @@ def attribute(model_path: str | os.PathLike, infer_knobs=None, train: str = "hf"
     ``Knobs.aligned()``). Only logprobs are computed (``Engine.score``), one training pass
     reused, so a knob evaluation costs one inference prefill.
     """
-    from minirl import Engine, Knobs  # lazy: importing aligntools must not import minirl
+    from minirl import Engine, Knobs  # noqa: F811 - lazy: importing aligntools must not import minirl
 
-    from aligntools.alignment_gate import hf_logprobs, parse_train, prepare_tokens, validate_checkpoint
+    from aligntools.alignment_gate import load_hf, parse_train, prepare_tokens, validate_checkpoint
 
     path = validate_checkpoint(model_path)
     infer_knobs = Knobs.typical_inference() if infer_knobs is None else infer_knobs
@@ -148,7 +152,9 @@ def attribute(model_path: str | os.PathLike, infer_knobs=None, train: str = "hf"
     differing = {k: v for k, v in pairs.items() if (k in knobs if knobs is not None else v[0] != v[1])}
     ids = prepare_tokens(path, tokens)  # [B, S]
     train_dtype = parse_train(train)
-    ref = hf_logprobs(path, ids, train_dtype)  # [B, S-1] float32
+    with torch.no_grad():
+        logits = load_hf(path, train_dtype)(input_ids=ids, use_cache=False).logits  # [B, S, V]
+    ref = logits.float().log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]  # [B, S-1]
     seqs = ids.tolist()
 
     def gap(changes: dict[str, object]) -> float:

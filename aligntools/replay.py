@@ -28,7 +28,6 @@ capture's ``model_path`` attr when it has one.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path

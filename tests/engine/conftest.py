@@ -50,3 +50,12 @@ def prompts() -> list[list[int]]:
     """Three prompts of different lengths, ids away from the special tokens (0-2)."""
     g = torch.Generator().manual_seed(7)
     return [torch.randint(3, 500, (n,), generator=g).tolist() for n in (6, 3, 9)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster, and far steadier on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,59 @@
+"""Routed expert ids recorded by generate(): what R3 router replay consumes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minirl import Knobs, SamplingParams
+
+
+def _topk_sorted(logits: torch.Tensor, k: int) -> torch.Tensor:
+    return logits.float().softmax(-1).topk(k, dim=-1).indices.sort(-1).values
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-mixtral"])
+def test_recorded_routing_is_the_topk_of_the_engines_router_logits(name, engine, prompts):
+    eng = engine(name, "bfloat16")  # typical knobs: unstable top-k, bf16 router
+    k, seen = eng.spec.top_k, {}
+
+    def tap(site, value, meta):
+        if site.endswith("router_logits"):
+            layer = eng.moe_layers.index(int(site[1:].split(".")[0]))
+            for j in range(value.shape[0]):
+                seen[int(meta.request[j]), int(meta.position[j]), layer] = value[j].clone()
+
+    eng.add_tap(tap)
+    outs = eng.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=2, ignore_eos=True))
+    for r, o in enumerate(outs):
+        p, t = len(o.prompt_ids), len(o.token_ids)
+        assert o.prompt_routed_experts.shape == (p, len(eng.moe_layers), k)
+        assert o.routed_experts.shape == (t, len(eng.moe_layers), k)
+        assert o.routed_experts.dtype == torch.int64
+        routing = torch.cat([o.prompt_routed_experts, o.routed_experts])  # positions 0 .. p+t-1
+        for pos in range(p + t):
+            for layer in range(len(eng.moe_layers)):
+                expected = _topk_sorted(seen[r, pos, layer][None], k)[0]
+                assert torch.equal(routing[pos, layer].sort().values, expected), (r, pos, layer)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-mixtral"])
+def test_routing_convention_lines_up_with_the_trainers_forward(name, engine, hf_model, prompts):
+    """``cat(prompt_routed_experts, routed_experts)`` is the routing of ``prompt + tokens``
+    position by position (each position routed when fed as input: the verl/slime R3 convention)."""
+    eng, hf = engine(name, knobs=Knobs.aligned()), hf_model(name)
+    for o in eng.generate(prompts, SamplingParams(max_new_tokens=6, seed=4, ignore_eos=True)):
+        ids = torch.tensor([o.prompt_ids + o.token_ids])
+        with torch.no_grad():
+            router_logits = hf(ids, output_router_logits=True).router_logits  # per layer [S, E]
+        routing = torch.cat([o.prompt_routed_experts, o.routed_experts])
+        for j, layer in enumerate(eng.moe_layers):
+            expected = _topk_sorted(router_logits[layer], eng.spec.top_k)
+            assert torch.equal(routing[:, j].sort(-1).values, expected), (name, layer)
+
+
+def test_dense_models_have_no_routing(engine, prompts):
+    eng = engine("tiny-llama")
+    assert eng.moe_layers == []
+    o = eng.generate(prompts[:1], SamplingParams(max_new_tokens=2, seed=0))[0]
+    assert o.routed_experts is None and o.prompt_routed_experts is None
