@@ -3,7 +3,7 @@
 Why per token and not per site: a mismatch hunt asks "which token diverged first", and a
 7B model's full activations do not fit in memory while 8 numbers per token per site do.
 The ``hash`` column makes bit-equality checkable without the tensor: two rows with the
-same float32 bytes get the same hash on any machine (integer arithmetic only).
+same float32 bytes get the same hash on any machine, in any summation order.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ import torch
 
 STAT_NAMES: tuple[str, ...] = ("min", "max", "mean", "l2", "amax", "n_nan", "n_inf", "hash")
 
-# Two Mersenne-ish primes < 2**31: products of two residues stay below 2**62, so a sum
-# over up to 2**31 columns never overflows int64 (no reliance on wrap-around).
-_P1, _P2 = 2_147_483_647, 2_147_483_629
-_HASH_BITS_1, _HASH_BITS_2 = 31, 21  # 52 bits in all: exactly representable in float64
-_weights_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+_P1, _P2 = 2_147_483_647, 2_097_143  # primes below 2**31 and 2**21: 31 + 21 = 52 hash bits
+_MAX_WORDS = 1 << 20  # per float64 product-sum: 2**20 words * 2 halves * 2**32 < 2**53 (exact)
+_weights_cache: dict[tuple[int, int, str], torch.Tensor] = {}
 
 
 def row_stats(x: torch.Tensor) -> torch.Tensor:
@@ -24,55 +22,61 @@ def row_stats(x: torch.Tensor) -> torch.Tensor:
 
     Values are widened to float32 first (the capture's storage dtype), so a stats capture
     equals the stats of the matching tensor capture. ``min/max/mean/l2/amax`` are over the
-    finite entries only (NaN where a row has none); ``n_nan``/``n_inf`` count the rest.
-    Integer sites (``topk_ids``) are summarised as their values.
+    finite entries only (NaN where a row has none); ``n_nan``/``n_inf`` count the rest;
+    sums are accumulated in float64. Integer sites (``topk_ids``) are summarised as values.
     """
     rows = x.detach().reshape(x.shape[0], -1)  # [N, D]
     flt = rows.to(torch.float32)
-    wide = flt.to(torch.float64)  # [N, D]
-    nan = torch.isnan(wide)
-    inf = torch.isinf(wide)
-    finite = ~(nan | inf)
-    if bool(finite.all()):
-        mn, mx = wide.amin(1), wide.amax(1)
-        mean = wide.mean(1)
-        l2 = torch.linalg.vector_norm(wide, dim=1)
+    n = flt.shape[1]
+    if bool(torch.isfinite(flt).all()):
+        mn, mx = torch.aminmax(flt, dim=1) if n else (flt.sum(1), flt.sum(1))
+        mn, mx = mn.double(), mx.double()
+        mean = flt.sum(1, dtype=torch.float64) / n
+        l2 = torch.linalg.vector_norm(flt, dim=1, dtype=torch.float64)
+        n_nan = n_inf = torch.zeros(len(flt), dtype=torch.float64, device=flt.device)
     else:
-        mn = torch.where(finite, wide, torch.inf).amin(1)
-        mx = torch.where(finite, wide, -torch.inf).amax(1)
-        cnt = finite.sum(1)
-        zeroed = torch.where(finite, wide, 0.0)
-        mean = zeroed.sum(1) / cnt
-        l2 = torch.linalg.vector_norm(zeroed, dim=1)
-        none = cnt == 0
-        mn, mx, l2 = (torch.where(none, torch.nan, t) for t in (mn, mx, l2))
+        mn, mx, mean, l2, n_nan, n_inf = _masked_stats(flt)
     amax = torch.maximum(mx.abs(), mn.abs())
     store = flt if rows.is_floating_point() else rows.to(torch.int64)
-    return torch.stack(
-        [mn, mx, mean, l2, amax, nan.sum(1).double(), inf.sum(1).double(), row_hash(store)], dim=1
-    )
+    return torch.stack([mn, mx, mean, l2, amax, n_nan, n_inf, row_hash(store)], dim=1)
+
+
+def _masked_stats(flt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The slow path for rows holding NaN/inf: summaries over the finite entries."""
+    wide = flt.double()
+    nan, inf = torch.isnan(wide), torch.isinf(wide)
+    finite = ~(nan | inf)
+    cnt = finite.sum(1)
+    zeroed = torch.where(finite, wide, 0.0)
+    none = cnt == 0
+    mn = torch.where(none, torch.nan, torch.where(finite, wide, torch.inf).amin(1))
+    mx = torch.where(none, torch.nan, torch.where(finite, wide, -torch.inf).amax(1))
+    l2 = torch.where(none, torch.nan, torch.linalg.vector_norm(zeroed, dim=1))
+    return mn, mx, zeroed.sum(1) / cnt, l2, nan.sum(1).double(), inf.sum(1).double()
 
 
 def row_hash(rows: torch.Tensor) -> torch.Tensor:
     """52-bit content hash of each row's bytes, as float64 [N] (exactly representable).
 
-    ``rows`` is [N, D] float32 or int64; the bytes are read as 32-bit words, each word's
-    residue is weighted by a fixed pseudo-random per-column weight and summed modulo two
-    primes. Deterministic across devices and summation orders (pure integer math).
+    ``rows`` is [N, D] float32 or int64, read as 32-bit words split into 16-bit halves. Two
+    random linear combinations of the halves (weights < 2**16) are computed as float64
+    products whose every partial sum is an integer below 2**53, hence exact in any order
+    (BLAS, GPU, chunking); reduced modulo two primes they give 31 + 21 bits.
     """
-    words = rows.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [N, W] in [0, 2^32)
-    w1, w2 = _weights(words.shape[1], words.device)
-    h1 = ((words % _P1) * w1 % _P1).sum(1) % _P1
-    h2 = ((words % _P2) * w2 % _P2).sum(1) % _P2
-    h = (h1 << _HASH_BITS_2) | (h2 & ((1 << _HASH_BITS_2) - 1))
-    return h.to(torch.float64)
+    words = rows.contiguous().view(torch.int32)  # [N, W]
+    sums = torch.zeros(len(words), 2, dtype=torch.int64, device=words.device)
+    for lo in range(0, max(words.shape[1], 1), _MAX_WORDS):
+        chunk = words[:, lo:lo + _MAX_WORDS]
+        halves = torch.cat([chunk & 0xFFFF, (chunk >> 16) & 0xFFFF], dim=1).to(torch.float64)  # [N, 2W']
+        sums += (halves @ _weights(halves.shape[1], lo, halves.device)).to(torch.int64)
+    h1, h2 = sums[:, 0] % _P1, sums[:, 1] % _P2
+    return ((h1 << 21) | h2).to(torch.float64)
 
 
-def _weights(width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (width, str(device))
+def _weights(width: int, offset: int, device: torch.device) -> torch.Tensor:
+    """Fixed pseudo-random integer weights in [1, 2**16) for columns ``offset..offset+width``."""
+    key = (width, offset, str(device))
     if key not in _weights_cache:
-        gen = torch.Generator().manual_seed(0x5EED)
-        w1 = torch.randint(1, _P1, (width,), generator=gen, dtype=torch.int64)
-        w2 = torch.randint(1, _P2, (width,), generator=gen, dtype=torch.int64)
-        _weights_cache[key] = (w1.to(device), w2.to(device))
+        gen = torch.Generator().manual_seed(0x5EED + offset)
+        _weights_cache[key] = torch.randint(1, 1 << 16, (width, 2), generator=gen).to(device, torch.float64)
     return _weights_cache[key]

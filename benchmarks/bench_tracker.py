@@ -1,6 +1,6 @@
 """Tracker overhead: a forward with every site captured vs the plain forward, in one run.
 
-    .venv/bin/python benchmarks/bench_tracker.py [--hidden 768 --layers 6 --seq 512 --batch 2]
+    .venv/bin/python benchmarks/bench_tracker.py [--hidden 512 --layers 4 --seq 256 --batch 2 --repeats 7]
 
 Prints the median time of each variant and its ratio to the plain forward: Tracker stats
 mode (goal <= 1.15x), Tracker tensor mode (goal <= 1.6x), and nnsight's trace saving the
@@ -28,24 +28,27 @@ def build_model(hidden: int, layers: int, vocab: int) -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def median_times(variants: dict, repeats: int) -> dict[str, float]:
+    """Median wall time of each variant, runs interleaved so machine-load drift hits all alike."""
+    for fn in variants.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, default=768)
-    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args(argv)
 
     import aligntools
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     sites = len(aligntools.capture(model, ids[:, :8], progress=False).sites)
     print(f"model: llama hidden={args.hidden} layers={args.layers} vocab={args.vocab}; input {args.batch}x{args.seq} "
           f"tokens; {sites} sites; torch threads={torch.get_num_threads()}")
-    times = {name: median_time(fn, args.repeats) for name, fn in variants.items()}
+    times = median_times(variants, args.repeats)
     base = times["plain forward"]
     for name, t in times.items():
         print(f"{name:45s} {t * 1e3:9.1f} ms   {t / base:5.2f}x")

@@ -55,7 +55,9 @@ class Engine:
         """Load ``config.json`` + safetensors from ``path``. Runs on CPU (``device="cpu"``)."""
         if torch.device(device).type != "cpu":
             raise NotImplementedError(f"device={device!r}: the minirl engine runs on CPU only for now")
-        engine = cls(read_config(path), read_safetensors(path), dtype=dtype, knobs=knobs)
+        config = read_config(path)
+        spec_from_config(config)  # an unsupported model fails before its weights are read
+        engine = cls(config, read_safetensors(path), dtype=dtype, knobs=knobs)
         engine.path = Path(path)
         return engine
 

@@ -79,9 +79,12 @@ class Knobs:
     (torch.topk on GPU); ``stable`` breaks ties by lowest expert id (Ring-linear 5.2.1 MoE)."""
 
     expert_sum_order: str = "topk_slot"
-    """Order in which the k expert outputs of a token are summed: ``topk_slot`` (order of
-    the top-k result, fused-MoE style) or ``expert_id`` (ascending expert id, as
-    transformers' per-expert loop accumulates). Ring-linear 5.2.1 MoE: deterministic order."""
+    """How the k expert outputs of a token are weighted and summed. ``topk_slot`` (fused MoE,
+    vLLM ``fused_moe``): the fp32 routing weight is applied in fp32, slots are summed in top-k
+    order. ``expert_id`` (transformers' per-expert loop): the routing weight in the
+    architecture's dtype (bf16 for Qwen3-MoE, fp32 for Mixtral), outputs accumulated in
+    ascending expert id. Ring-linear 5.2.1 MoE: deterministic permutation and summation order.
+    With top-2 the order alone cannot matter (two additions commute); the weight dtype can."""
 
     tp: int = 1
     """Tensor-parallel emulation degree: row-parallel GEMMs (o_proj, down_proj) are split

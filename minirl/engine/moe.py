@@ -25,7 +25,7 @@ Emit = Callable[[str, torch.Tensor], None]
 class MoEConfig:
     top_k: int
     renormalize: bool
-    weights_in_logits_dtype: bool  # Qwen3-MoE: True; Mixtral: False (ModelSpec docs)
+    weights_in_logits_dtype: bool  # transformers' cast (Qwen3-MoE: True; Mixtral: False)
     router_dtype: torch.dtype
     topk_fn: Callable  # kernels router_topk variant
     sum_order: str
@@ -42,8 +42,8 @@ def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, 
     logits = F.linear(x.to(cfg.router_dtype), router_w)  # [N, E] router dtype
     ids, weights = cfg.topk_fn(logits, cfg.top_k, scoring="softmax", renormalize=cfg.renormalize,
                                compute_dtype=torch.float32)  # [N, k] int64, [N, k] fp32
-    if cfg.weights_in_logits_dtype:
-        weights = weights.to(logits.dtype)
+    if cfg.sum_order == "expert_id" and cfg.weights_in_logits_dtype:
+        weights = weights.to(logits.dtype)  # transformers' Qwen3-MoE; fused MoE keeps fp32
     if emit:
         emit(prefix + "router_logits", logits)
         emit(prefix + "topk_ids", ids)
@@ -76,9 +76,10 @@ def _combine(y: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, order: s
     """Weighted sum over the k slots of y [N, k, H] -> [N, H] in y.dtype, added one slot at a
     time in the activation dtype.
 
-    ``topk_slot`` (fused MoE): weight applied in fp32 (the GEMM epilogue of vLLM's fused_moe),
-    rounded, slots summed in top-k order. ``expert_id`` (transformers): weight applied in the
-    routing-weight dtype, slots accumulated in ascending expert id (its per-expert index_add_).
+    ``topk_slot`` (fused MoE): the fp32 routing weight is applied in fp32 (vLLM's fused_moe
+    GEMM epilogue), rounded, and slots are summed in top-k order. ``expert_id``
+    (transformers): the weight is applied in its own dtype, slots accumulate in ascending
+    expert id (the per-expert ``index_add_`` loop).
     """
     if order == "topk_slot":
         yw = (y.float() * weights.float()[..., None]).to(y.dtype)

@@ -12,6 +12,14 @@ def _topk_sorted(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.float().softmax(-1).topk(k, dim=-1).indices.sort(-1).values
 
 
+def _is_a_topk(ids: torch.Tensor, logits: torch.Tensor) -> bool:
+    """``ids`` are k distinct experts none of which scores below an unchosen one (bf16 logits
+    tie often; any tie-break is a valid top-k, which one is the ``topk`` knob's business)."""
+    chosen = torch.zeros_like(logits, dtype=torch.bool)
+    chosen[ids] = True
+    return int(chosen.sum()) == ids.numel() and bool(logits[chosen].min() >= logits[~chosen].max())
+
+
 @pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-mixtral"])
 def test_recorded_routing_is_the_topk_of_the_engines_router_logits(name, engine, prompts):
     eng = engine(name, "bfloat16")  # typical knobs: unstable top-k, bf16 router
@@ -33,8 +41,7 @@ def test_recorded_routing_is_the_topk_of_the_engines_router_logits(name, engine,
         routing = torch.cat([o.prompt_routed_experts, o.routed_experts])  # positions 0 .. p+t-1
         for pos in range(p + t):
             for layer in range(len(eng.moe_layers)):
-                expected = _topk_sorted(seen[r, pos, layer][None], k)[0]
-                assert torch.equal(routing[pos, layer].sort().values, expected), (r, pos, layer)
+                assert _is_a_topk(routing[pos, layer], seen[r, pos, layer].float()), (r, pos, layer)
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-mixtral"])

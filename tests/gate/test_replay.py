@@ -50,3 +50,15 @@ def test_unsupported_site_lists_the_supported_ones(hf_capture, moe):
         replay(cap, "L0.attn_norm", "nope", model=moe)
     with pytest.raises(ValueError, match="model="):
         replay(cap, "L0.attn_norm", "hf")
+
+
+def test_replay_reproduces_an_inference_engine_capture(moe):
+    from minirl import Engine, Knobs
+
+    knobs = Knobs.typical_inference()
+    cap = capture(Engine.from_pretrained(moe, dtype="bfloat16", knobs=knobs), torch.arange(3, 51).view(2, 24),
+                  progress=False)
+    for site, impl in [("L1.attn_norm", knobs.rmsnorm), ("L1.q", knobs.rope), ("L1.topk_ids", knobs.topk)]:
+        errors = replay(cap, site, impl, model=moe).errors
+        assert errors.get("max_abs", errors.get("set_flip")) == 0.0, (site, errors)
+    assert replay(cap, "L1.attn_norm", "bf16_compute", model=moe).errors["rel_l2"] > 1e-4

@@ -1,0 +1,63 @@
+"""Bad input fails early with a message that names the problem and the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minirl import Engine, Knobs, SamplingParams
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n=0), r"n=0.*n >= 1"),
+    (dict(top_p=0.0), r"top_p=0.0 outside \(0, 1\].*1.0 to disable"),
+    (dict(top_p=1.5), r"top_p=1.5 outside"),
+    (dict(temperature=-0.1), r"temperature=-0.1 < 0.*0 for greedy"),
+    (dict(top_k=-3), r"top_k=-3"),
+    (dict(max_new_tokens=0), r"max_new_tokens=0"),
+])
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_bad_prompts(engine):
+    eng = engine("tiny-llama")
+    limit = eng.spec.max_positions
+    with pytest.raises(ValueError, match="prompts is empty"):
+        eng.generate([], SamplingParams())
+    with pytest.raises(ValueError, match=r"prompts\[1\] is empty"):
+        eng.generate([[5], []], SamplingParams())
+    with pytest.raises(ValueError, match=rf"prompts\[0\] has {limit} tokens.*max_position_embeddings is "
+                                         rf"{limit}.*at most {limit - 1}"):
+        eng.generate([[5] * limit], SamplingParams())
+    with pytest.raises(ValueError, match=rf"token_ids\[0\] has {limit + 1} tokens"):
+        eng.score([[5] * (limit + 1)])
+    with pytest.raises(ValueError, match=r"outside \[0, 512\): \[512, -1\]"):
+        eng.score([[5, 512, -1]])
+    assert eng.score([[5] * limit])[0].shape == (limit - 1,)  # exactly max positions is fine
+
+
+def test_unsupported_architecture_names_the_supported_list(zoo, tmp_path):
+    with pytest.raises(ValueError, match=r"unsupported architecture 'bailing_hybrid'.*"
+                                         r"llama, qwen2, qwen3, qwen3_moe, mixtral"):
+        Engine.from_pretrained(zoo("tiny-ring-linear"))
+    cfg = json.loads((zoo("tiny-llama") / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "hidden_act": "gelu"}))
+    with pytest.raises(ValueError, match="hidden_act 'gelu'"):
+        Engine.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FileNotFoundError, match="no model.safetensors.*Pickle checkpoints"):
+        Engine.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(attention="flash"), r"knob attention='flash'; valid: \['sdpa', 'eager'\]"),
+    (dict(rmsnorm="fast"), r"knob rmsnorm='fast' is not a kernels rmsnorm variant"),
+    (dict(kv_cache_dtype="fp8"), r"unknown dtype 'fp8'"),
+    (dict(tp=3), r"tp=3 must be >= 1 and divide attention heads=4"),
+])
+def test_bad_knobs(engine, changes, message):
+    with pytest.raises(ValueError, match=message):
+        engine("tiny-qwen3-moe", knobs=Knobs().replace(**changes))
