@@ -107,7 +107,8 @@ class MemoryStore:
     def dataset(self) -> xr.Dataset:
         data = {}
         for name, parts in self._blocks.items():
-            arr = np.concatenate(parts) if parts else np.empty((0,), self._specs[name].dtype)
+            arr = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else \
+                np.empty((0,), self._specs[name].dtype)
             data[name] = arr
         for name, rows, values in self._patches:
             data[name][rows] = values

@@ -72,14 +72,7 @@ def _compare_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
         if S.parse(site).kind == "topk_ids":  # stats of expert ids: only equality means something
             return SiteResult(basis="ids", rows={"exact": rows["exact"]},
                               summary={"exact": float(rows["exact"].mean())}, **base)
-        l2a = rows.pop("l2_a")
-        summary = {
-            "max_abs": float(rows["max_abs"].max()), "mean_abs": float(rows["mean_abs"].mean()),
-            "rel_l2": float(np.sqrt(np.sum((rows["rel_l2"] * l2a) ** 2) / np.sum(l2a ** 2)))
-            if rows["rel_l2"].any() else 0.0,
-            "exact": float(rows["exact"].mean()),
-            **{k: float(rows[k].sum()) for k in ("nonfinite_a", "nonfinite_b", "nonfinite_mismatch")},
-        }
+        summary = M.stats_summary(rows)
         return SiteResult(basis="stats", rows=rows, summary=summary, **base)
     ints = [np.issubdtype(v.dtype, np.integer) for v in (va, vb)]
     if va.shape[1:] != vb.shape[1:] or ints[0] != ints[1]:

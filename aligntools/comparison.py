@@ -73,18 +73,12 @@ class Comparison:
         """Sites x metrics in execution order (index: site name). ``limit`` is the tolerance,
         ``growth`` error / inputs' error, ``passes`` False where error > limit or NaN/Inf
         appear on one side only (ids/skipped sites are not gated and pass)."""
-        recs = []
-        for site, r in self.results.items():
-            rec = {"site": site, "layer": S.parse(site).layer, "basis": r.basis, "dtype": r.dtype,
-                   "n_tokens": len(self.alignment), **r.summary}
-            gated = r.basis in GATED_BASES
-            rec["limit"] = self.tolerance.limit(site, r.dtype) if gated else np.nan
-            rec["passes"] = (not gated) or bool(
-                r.summary["rel_l2"] <= rec["limit"] and not r.summary.get("nonfinite_mismatch", 0) > 0)
-            recs.append(rec)
+        recs = [{"site": site, "layer": S.parse(site).layer, "basis": r.basis, "dtype": r.dtype,
+                 "n_tokens": len(self.alignment), **r.summary} for site, r in self.results.items()]
         t = pd.DataFrame(recs).set_index("site").reindex(columns=TABLE_COLUMNS)
-        t["growth"] = self.growth["growth"].reindex(t.index)
-        t["passes"] = t["passes"].astype(bool)
+        g = self.growth.reindex(t.index)
+        t["limit"], t["growth"] = g["limit"], g["growth"]
+        t["passes"] = ~(g["error"] > g["limit"])  # NaN (not gated) compares False: passes
         return t
 
     @cached_property

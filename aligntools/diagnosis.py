@@ -30,7 +30,8 @@ CAUSES: dict[str, str] = {
                       "(Knobs.attention, Knobs.decode, Knobs.kv_cache_dtype)",
     "residual_precision": "residual add in lower precision (fused add+RMSNorm; Knobs.rmsnorm='fp32_residual')",
     "router_precision": "router GEMM/scoring precision (Knobs.router_dtype)",
-    "unstable_topk": "top-k flips at near-tie margins: unstable tie-breaking (Knobs.topk='stable')",
+    "unstable_topk": "top-k flips at near-tie margins: any rounding upstream flips them "
+                     "(Knobs.topk='stable', Knobs.router_dtype)",
     "routing_disagreement": "top-k flips at large margins: router inputs really differ upstream",
     "gate_weights": "top-k gate weights (renormalisation or precision) differ",
     "mlp_path": "expert/MLP computation (Knobs.expert_sum_order, Knobs.tp, weight dtype)",
@@ -90,7 +91,7 @@ def radial_share(per_token: pd.DataFrame) -> float:
     return float(1.0 - np.clip(perp, 0.0, 1.0).median())
 
 
-def _jump_finding(site: str, g: pd.DataFrame, per_token: Callable[[str], pd.DataFrame]) -> Finding | None:
+def _jump_finding(site: str, g: pd.DataFrame, per_token: Callable[[str], pd.DataFrame]) -> Finding:
     s = S.parse(site)
     r = g.loc[site]
     cause = _KIND_CAUSE.get(s.kind, "unexplained")
@@ -152,9 +153,7 @@ def diagnose(g: pd.DataFrame, table: pd.DataFrame, routing: pd.DataFrame,
             continue  # explained by the routing flips of this layer
         if site in {f.site for f in raw if f.cause == "nonfinite"}:
             continue
-        f = _jump_finding(site, g, per_token)
-        if f is not None:
-            raw.append(f)
+        raw.append(_jump_finding(site, g, per_token))
     raw.sort(key=lambda f: S.order_key(f.site))
     grouped: dict[str, Finding] = {}
     for f in raw:

@@ -53,7 +53,8 @@ class Divergence:
     limit: float
 
     def __str__(self) -> str:
-        return f"first divergence at {self.site} (x{self.factor:.3g}): {self.reason}"
+        jump = "from a clean input" if self.factor == np.inf else f"jump x{self.factor:.3g}"
+        return f"first divergence at {self.site} ({jump}): {self.reason}"
 
 
 def _direct(site: str, n_layers: int) -> tuple[str, ...]:
@@ -118,8 +119,8 @@ def first_divergence(g: pd.DataFrame) -> Divergence | None:
         return None
     site, r = hits.index[0], hits.iloc[0]
     ups = ", ".join(f"{u}={g.loc[u, 'error']:.3g}" for u in r["upstream"]) or "none (first site)"
-    reason = (f"relative L2 error {r['error']:.3g} > limit {r['limit']:.3g} and "
-              f"{r['growth']:.3g}x its inputs' error (inputs: {ups})")
+    growth_txt = "its inputs are exact" if r["upstream_error"] == 0 else f"{r['growth']:.3g}x its inputs' error"
+    reason = f"relative L2 error {r['error']:.3g} > limit {r['limit']:.3g} and {growth_txt} (inputs: {ups})"
     return Divergence(site=site, factor=float(r["growth"]), reason=reason, error=float(r["error"]),
                       upstream_error=float(r["upstream_error"]), upstream=tuple(r["upstream"]),
                       limit=float(r["limit"]))

@@ -59,12 +59,26 @@ def _hash_files(files: tuple[tuple[str, int, int], ...]) -> str:
 
 
 def parameters_hash(module: torch.nn.Module) -> str:
-    """sha256 over parameter names, shapes, dtypes and bytes (models not loaded from files)."""
+    """sha256 over parameter names, shapes, dtypes and bytes (models not loaded from files).
+
+    Cached per module until a tensor is replaced or modified in place (torch bumps a
+    tensor's version counter on every in-place write), so repeated captures pay once.
+    """
+    state = sorted(module.state_dict().items())
+    key = tuple((name, p.data_ptr(), p._version) for name, p in state)
+    cached = _param_hashes.get(id(module))
+    if cached is not None and cached[0] == key:
+        return cached[1]
     h = hashlib.sha256()
-    for name, p in sorted(module.state_dict().items()):
+    for name, p in state:
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
         h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return "params:" + h.hexdigest()
+    digest = "params:" + h.hexdigest()
+    _param_hashes[id(module)] = (key, digest)
+    return digest
+
+
+_param_hashes: dict[int, tuple[tuple, str]] = {}
 
 
 def model_hash(module: torch.nn.Module | None, path: str | os.PathLike | None) -> str:

@@ -1,7 +1,7 @@
 """The engine-neutral core of the Tracker: turns ``emit(site, value, meta)`` into capture rows.
 
 Adapters (hf, minirl, vllm, ...) only translate their engine into ``emit`` calls with the
-architecture doc's token layout ([N, ...] flat over tokens + TokenMetaLike). Everything else is
+architecture doc's token layout ([N, ...] flat over tokens + per-token meta). Everything else is
 here, once: the token row table (one row per (request, position, step)), the token filter,
 tensor vs stats storage, the byte budget, the derived ``logprobs``/``entropy`` sites, and
 streaming finished rows to a store so a long capture does not have to fit in memory.
@@ -253,18 +253,27 @@ class Recorder:
             if not now:
                 continue
             self._buffer[site] = [(r, d) for r, d in chunks if int(r[0]) >= hi]
-            spec = self._specs[site]
-            arr = np.full((hi - lo, *now[0][1].shape[1:]), spec.fill, dtype=spec.dtype)
-            for r, d in now:
-                arr[r.numpy() - lo] = d.numpy()
-                self._buffered_bytes -= d.nbytes
-            block[site] = arr
+            self._buffered_bytes -= sum(d.nbytes for _, d in now)
+            block[site] = self._block(self._specs[site], now, lo, hi)
         late = self._patch_late(block, lo, hi)
         self.store.append(self._specs, block, hi - lo)
         self._flushed = hi
         for site, hits in late.items():
             self.store.write_rows(site, np.array([r for r, _ in hits]),
                                   np.stack([self._late_value(v) for _, v in hits]))
+
+    @staticmethod
+    def _block(spec: VarSpec, chunks: list[tuple[torch.Tensor, torch.Tensor]], lo: int, hi: int) -> np.ndarray:
+        """Rows lo..hi of one variable from its chunks; zero-copy when one chunk covers them
+        in order (the usual case: a site emitted once per step for all of its rows)."""
+        if len(chunks) == 1:
+            rows, data = chunks[0]
+            if len(rows) == hi - lo and torch.equal(rows, torch.arange(lo, hi)):
+                return data.numpy()
+        arr = np.full((hi - lo, *chunks[0][1].shape[1:]), spec.fill, dtype=spec.dtype)
+        for rows, data in chunks:
+            arr[rows.numpy() - lo] = data.numpy()
+        return arr
 
     def _patch_late(self, block: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, list]:
         """Late-resolved logprobs of rows < hi: patched into ``block`` where they fall in it;

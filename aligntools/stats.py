@@ -13,7 +13,7 @@ import torch
 STAT_NAMES: tuple[str, ...] = ("min", "max", "mean", "l2", "amax", "n_nan", "n_inf", "hash")
 
 _P1, _P2 = 2_147_483_647, 2_097_143  # primes below 2**31 and 2**21: 31 + 21 = 52 hash bits
-_MAX_WORDS = 1 << 20  # per float64 product-sum: 2**20 words * 2 halves * 2**32 < 2**53 (exact)
+_MAX_HALVES = 1 << 21  # per float64 product-sum: 2**21 terms of magnitude < 2**31 stay below 2**53
 _weights_cache: dict[tuple[int, int, str], torch.Tensor] = {}
 
 
@@ -28,8 +28,8 @@ def row_stats(x: torch.Tensor) -> torch.Tensor:
     rows = x.detach().reshape(x.shape[0], -1)  # [N, D]
     flt = rows.to(torch.float32)
     n = flt.shape[1]
-    if bool(torch.isfinite(flt).all()):
-        mn, mx = torch.aminmax(flt, dim=1) if n else (flt.sum(1), flt.sum(1))
+    mn, mx = torch.aminmax(flt, dim=1) if n else (flt.sum(1), flt.sum(1))
+    if bool(torch.isfinite(mn).all() and torch.isfinite(mx).all()):  # NaN/inf would show in min or max
         mn, mx = mn.double(), mx.double()
         mean = flt.sum(1, dtype=torch.float64) / n
         l2 = torch.linalg.vector_norm(flt, dim=1, dtype=torch.float64)
@@ -58,18 +58,17 @@ def _masked_stats(flt: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def row_hash(rows: torch.Tensor) -> torch.Tensor:
     """52-bit content hash of each row's bytes, as float64 [N] (exactly representable).
 
-    ``rows`` is [N, D] float32 or int64, read as 32-bit words split into 16-bit halves. Two
+    ``rows`` is [N, D] float32 or int64, read as signed 16-bit halves (a free view). Two
     random linear combinations of the halves (weights < 2**16) are computed as float64
-    products whose every partial sum is an integer below 2**53, hence exact in any order
-    (BLAS, GPU, chunking); reduced modulo two primes they give 31 + 21 bits.
+    products whose every partial sum is an integer of magnitude below 2**53, hence exact in
+    any order (BLAS, GPU, chunking); reduced modulo two primes they give 31 + 21 bits.
     """
-    words = rows.contiguous().view(torch.int32)  # [N, W]
-    sums = torch.zeros(len(words), 2, dtype=torch.int64, device=words.device)
-    for lo in range(0, max(words.shape[1], 1), _MAX_WORDS):
-        chunk = words[:, lo:lo + _MAX_WORDS]
-        halves = torch.cat([chunk & 0xFFFF, (chunk >> 16) & 0xFFFF], dim=1).to(torch.float64)  # [N, 2W']
-        sums += (halves @ _weights(halves.shape[1], lo, halves.device)).to(torch.int64)
-    h1, h2 = sums[:, 0] % _P1, sums[:, 1] % _P2
+    halves = rows.contiguous().view(torch.int16)  # [N, H]
+    sums = torch.zeros(len(halves), 2, dtype=torch.int64, device=halves.device)
+    for lo in range(0, max(halves.shape[1], 1), _MAX_HALVES):
+        chunk = halves[:, lo:lo + _MAX_HALVES].to(torch.float64)
+        sums += (chunk @ _weights(chunk.shape[1], lo, chunk.device)).to(torch.int64)
+    h1, h2 = sums[:, 0] % _P1, sums[:, 1] % _P2  # torch's % is non-negative for a positive divisor
     return ((h1 << 21) | h2).to(torch.float64)
 
 

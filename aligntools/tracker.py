@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from aligntools.adapters import adapter_for
 from aligntools.capture import Capture
-from aligntools.capture_store import MemoryStore, open_store
+from aligntools.capture_store import open_store
 from aligntools.provenance import library_versions
 from aligntools.recorder import CaptureBudgetExceeded, Recorder, TokenFilter
 from aligntools.sites import select

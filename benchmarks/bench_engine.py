@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 from labs import zoo  # noqa: E402
 from minirl import Engine, Knobs, SamplingParams  # noqa: E402
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    path = zoo.build(args.model)
+    root = Path(os.environ.get("MLAB_ZOO_DIR", REPO / ".zoo"))  # the test suite's zoo cache
+    path = zoo.build(args.model, out=root / f"{args.model}-seed0")
     engine = Engine.from_pretrained(path, dtype=dtype, knobs=Knobs.typical_inference())
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     gen = torch.Generator().manual_seed(0)

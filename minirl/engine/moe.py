@@ -50,26 +50,75 @@ def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, 
         emit(prefix + "topk_weights", weights)
 
     n, k = ids.shape
-    n_exp = gate_up.shape[0]
     flat = ids.reshape(-1)  # [P] (token, slot) pairs, token-major
-    seen = F.one_hot(flat, n_exp).cumsum(0)  # [P, E] pairs routed to each expert so far
-    pos = seen.gather(1, flat[:, None])[:, 0] - 1  # [P] row of each pair in its expert's batch
-    cap = int(seen[-1].max())
-    # Tokens batched per expert: [E, cap, H] (rows past an expert's count stay zero and are
-    # never read back), so every expert is one slice of a single batched GEMM.
-    xp = x.new_zeros(n_exp, cap, x.shape[1])
-    xp[flat, pos] = x.repeat_interleave(k, dim=0)
-    hp = silu_mul(torch.bmm(xp, gate_up.transpose(1, 2)), cfg.activation)  # [E, cap, I]
+    seen = F.one_hot(flat, gate_up.shape[0]).cumsum(0)  # [P, E] pairs routed to each expert so far
+    groups = _Padded(flat, seen) if _padding_is_cheap(seen) else _Sorted(flat, seen[-1])
+    g = groups.group(x.repeat_interleave(k, dim=0))  # pair rows, grouped by expert
+    h = silu_mul(groups.linear(g, gate_up), cfg.activation)  # [..., I]
 
     out = None
-    inter = hp.shape[2]
+    inter = h.shape[-1]
     for r in range(cfg.tp):  # row-parallel down projection: rank r owns intermediate slice r
         cols = slice(r * inter // cfg.tp, (r + 1) * inter // cfg.tp)
-        yp = torch.bmm(hp[..., cols], down[..., cols].transpose(1, 2))  # [E, cap, H]
-        y = yp[flat, pos].view(n, k, -1)  # [N, k, H] back in (token, slot) order
+        y = groups.ungroup(groups.linear(h[..., cols], down[..., cols])).view(n, k, -1)  # [N, k, H]
         part = _combine(y, weights, ids, cfg.sum_order)  # [N, H]
         out = part if out is None else out + part  # all-reduce in rank order
     return out, ids
+
+
+def _padding_is_cheap(seen: torch.Tensor) -> bool:
+    """Padded batching when it at most doubles the GEMM rows (small decode batches, where the
+    op count dominates); exact per-expert segments otherwise (prefill). Engines pick MoE
+    kernels by batch size the same way."""
+    n_pairs, n_exp = seen.shape
+    return int(seen[-1].max()) * n_exp <= 2 * n_pairs
+
+
+class _Padded:
+    """All experts in one batched GEMM over [E, cap, D] (rows past an expert's count are zero
+    and never read back)."""
+
+    def __init__(self, flat: torch.Tensor, seen: torch.Tensor) -> None:
+        self.flat = flat
+        self.pos = seen.gather(1, flat[:, None])[:, 0] - 1  # [P] row of each pair in its expert
+        self.shape = (seen.shape[1], int(seen[-1].max()))  # (E, cap)
+
+    def group(self, pairs: torch.Tensor) -> torch.Tensor:  # [P, D] -> [E, cap, D]
+        out = pairs.new_zeros(*self.shape, pairs.shape[1])
+        out[self.flat, self.pos] = pairs
+        return out
+
+    def ungroup(self, grouped: torch.Tensor) -> torch.Tensor:  # [E, cap, D] -> [P, D]
+        return grouped[self.flat, self.pos]
+
+    def linear(self, grouped: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # w [E, O, D]
+        return torch.bmm(grouped, w.transpose(1, 2))
+
+
+class _Sorted:
+    """Pairs sorted by expert, one GEMM per expert over its contiguous segment."""
+
+    def __init__(self, flat: torch.Tensor, counts: torch.Tensor) -> None:
+        self.order = flat.argsort(stable=True)  # [P]
+        self.segments, start = [], 0  # (expert, first row, end row) of experts with tokens
+        for e, c in enumerate(counts.tolist()):
+            if c:
+                self.segments.append((e, start, start + c))
+            start += c
+
+    def group(self, pairs: torch.Tensor) -> torch.Tensor:  # [P, D] -> [P, D] sorted
+        return pairs[self.order]
+
+    def ungroup(self, grouped: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(grouped)
+        out[self.order] = grouped
+        return out
+
+    def linear(self, grouped: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # w [E, O, D]
+        out = grouped.new_empty(grouped.shape[0], w.shape[1])
+        for e, a, b in self.segments:
+            out[a:b] = F.linear(grouped[a:b], w[e])
+        return out
 
 
 def _combine(y: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, order: str) -> torch.Tensor:

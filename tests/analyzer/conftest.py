@@ -14,8 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from analyzer_synth import make_capture  # noqa: E402
 
-pytest_plugins = ["pytester"]
-
 
 @pytest.fixture(scope="session")
 def synth():

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -41,20 +45,26 @@ def test_more_accurate_candidate_always_passes(trio):
     assert accuracy_gate(ref, base, ref).passes
 
 
-def test_pytest_fixture_uses_project_tolerance(pytester, trio, tmp_path):
+def test_pytest_fixture_uses_project_tolerance(trio, tmp_path):
+    """A user's suite registers the plugin in its conftest; run it as a separate pytest."""
     ref, base, good, _ = trio
-    paths = {}
-    for name, ds in (("ref", ref), ("base", base), ("good", good)):
-        paths[name] = Capture(ds).save(tmp_path / f"{name}.zarr")
-    pytester.makeconftest('pytest_plugins = ["aligntools.pytest_plugin"]')
-    pytester.makefile(".json", tol='{"default": {"k": 0.5, "atol": 0.0}}')
-    pytester.makepyfile(f"""
+    paths = {name: Capture(ds).save(tmp_path / f"{name}.zarr")
+             for name, ds in (("ref", ref), ("base", base), ("good", good))}
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["aligntools.pytest_plugin"]\n')
+    (tmp_path / "tol.json").write_text('{"default": {"k": 0.5, "atol": 0.0}}')
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(f"""
         from aligntools import Capture
-        def load(p):
-            return Capture.load(p)
+
         def test_gate(assert_aligned):
+            load = Capture.load
             assert_aligned(load({str(paths['good'])!r}), load({str(paths['base'])!r}), load({str(paths['ref'])!r}))
-    """)
-    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
-    # k = 0.5 in the project file: the same candidate must now fail
-    pytester.runpytest("-p", "no:cacheprovider", "-o", "aligntools_tolerance=tol.json").assert_outcomes(failed=1)
+    """))
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), *extra]
+        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    ok = run()
+    assert ok.returncode == 0, ok.stdout
+    strict = run("-o", "aligntools_tolerance=tol.json")  # k = 0.5: the same candidate now fails
+    assert strict.returncode == 1 and "err_candidate > k*err_baseline + atol" in strict.stdout

@@ -113,3 +113,12 @@ def test_all_nan_row_on_one_side_is_missing_not_a_nan_finding():
     assert np.isnan(rows["rel_l2"][1]) and rows["rel_l2"][0] == pytest.approx(0.01, rel=1e-5)
     lr = M.logit_rows(a, b, np.array([0, 1, -1]), valid=s["n_valid"] > 0)
     assert np.isnan(lr["top1"][1]) and M.logit_summary(lr)["top1_agree"] == 1.0
+
+
+def test_kl_with_masked_vocab_entries():
+    """-inf logits (a masked vocabulary) on both sides contribute nothing, not NaN."""
+    a = np.array([[0.0, 1.0, -np.inf], [2.0, 0.5, -np.inf]], dtype=np.float32)
+    b = a + np.array([[0.1, 0.0, 0.0], [0.0, 0.2, 0.0]], dtype=np.float32)
+    r = M.logit_rows(a, b, np.array([1, -1]))
+    la, lb = (torch.log_softmax(torch.tensor(x[:, :2], dtype=torch.float64), -1) for x in (a, b))
+    np.testing.assert_allclose(r["kl"], (la.exp() * (la - lb)).sum(-1).numpy(), rtol=1e-9)

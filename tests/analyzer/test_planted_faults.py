@@ -85,6 +85,15 @@ def test_layer2_rmsnorm_in_bf16(llama):
     assert not cmp.passes and cmp.failures[0] == "L2.attn_norm"
 
 
+def test_stats_mode_capture_finds_the_same_fault(llama):
+    """A stats-only capture of the faulty run against the full tensor capture: lower bounds."""
+    model, ids, base = llama
+    faulty = patched(model, lambda m: norm_kernel(m.model.layers[2].input_layernorm, "bf16_compute"))
+    cmp = aligntools.compare(base, aligntools.capture(faulty, ids, mode="stats"))
+    assert set(cmp.table["basis"]) == {"stats"} and cmp.first_divergence.site == "L2.attn_norm"
+    assert cmp.table.loc["L1.resid_post", "exact"] == 1.0 and cmp.table.loc["L2.attn_norm", "exact"] == 0.0
+
+
 def test_layer2_rmsnorm_eps(llama):
     def eps(m):
         m.model.layers[2].input_layernorm.variance_epsilon = 1e-2

@@ -47,3 +47,18 @@ def test_explorer_rerenders_on_control_changes(cmp):
     ex.kind.value = "attn_norm"
     assert "cosine at L*.attn_norm" in [ax.get_title() for ax in ex.figure.axes]
     assert set(ex.metric.options) >= {"rel_l2", "ulp_max", "sqnr_db"}
+
+
+def test_per_token_metrics_as_xarray(cmp):
+    ds = cmp.to_xarray()
+    assert ds["rel_l2"].dims == ("site", "token") and ds.sizes["token"] == 16
+    assert float(ds["rel_l2"].sel(site="L0.q").max()) == 0 and float(ds["rel_l2"].sel(site="L1.q").min()) > 0
+    assert ds["kl"].sel(site="L0.q").isnull().all() and ds["layer"].sel(site="logits") == -1
+    with pytest.raises(KeyError, match="not compared"):
+        cmp.per_token("L9.q")
+
+
+def test_explore_degrades_to_a_static_figure_without_ipywidgets(cmp, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "ipywidgets", None)  # import now fails
+    fig = explore(cmp)
+    assert isinstance(fig, Figure) and len(fig.axes) >= 2

@@ -64,3 +64,24 @@ def test_dense_models_have_no_routing(engine, prompts):
     assert eng.moe_layers == []
     o = eng.generate(prompts[:1], SamplingParams(max_new_tokens=2, seed=0))[0]
     assert o.routed_experts is None and o.prompt_routed_experts is None
+
+
+@pytest.mark.parametrize("skewed", [False, True])
+def test_both_expert_groupings_compute_every_pair_with_its_expert(skewed):
+    """Decode-size batches use one padded batched GEMM, prefill-size ones per-expert segments;
+    both must give each (token, slot) pair its own expert's output."""
+    from minirl.engine.moe import _Padded, _Sorted, _padding_is_cheap
+
+    g = torch.Generator().manual_seed(0)
+    n, k, n_exp = 40, 2, 6
+    ids = torch.stack([torch.randperm(n_exp, generator=g)[:k] for _ in range(n)])  # [N, k] distinct
+    if skewed:
+        ids[:, 0] = 1  # every token picks expert 1: padding would be wasteful
+    flat = ids.reshape(-1)
+    seen = torch.nn.functional.one_hot(flat, n_exp).cumsum(0)
+    assert _padding_is_cheap(seen) is not skewed
+    x = torch.randn(n * k, 16, generator=g, dtype=torch.float64)
+    w = torch.randn(n_exp, 8, 16, generator=g, dtype=torch.float64)
+    expected = torch.stack([w[e] @ row for e, row in zip(flat.tolist(), x)])  # [P, 8]
+    for groups in (_Padded(flat, seen), _Sorted(flat, seen[-1])):
+        torch.testing.assert_close(groups.ungroup(groups.linear(groups.group(x), w)), expected)

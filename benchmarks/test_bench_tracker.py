@@ -1,0 +1,44 @@
+"""pytest-benchmark for the Tracker (``make bench``): plain forward vs stats / tensor capture
+on a zoo model; the overhead ratios of one run are printed by benchmarks/bench_tracker.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import aligntools
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def model_and_ids():
+    import transformers
+
+    from labs import zoo
+
+    root = Path(os.environ.get("MLAB_ZOO_DIR", REPO / ".zoo"))  # the test suite's zoo cache
+    path = zoo.build("tiny-qwen3-moe", out=root / "tiny-qwen3-moe-seed0")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    return model, torch.randint(3, 500, (4, 64), generator=torch.Generator().manual_seed(0))
+
+
+def test_plain_forward(benchmark, model_and_ids):
+    model, ids = model_and_ids
+
+    def plain():
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+
+    benchmark(plain)
+
+
+@pytest.mark.parametrize("mode", ["stats", "tensor"])
+def test_capture_all_sites(benchmark, model_and_ids, mode):
+    model, ids = model_and_ids
+    cap = benchmark(lambda: aligntools.capture(model, ids, mode=mode, progress=False))
+    assert cap.complete and len(cap.sites) == 53
