@@ -106,7 +106,10 @@ class Capture:
             if p.is_dir():
                 ds = xr.open_zarr(str(p), consolidated=False)
             else:
-                ds = xr.open_dataset(str(p), engine="h5netcdf")
+                # No mask decoding: it would turn int sites (topk_ids, coords) into float.
+                ds = xr.open_dataset(str(p), engine="h5netcdf", mask_and_scale=False)
+                for var in ds.variables.values():
+                    var.attrs.pop("_FillValue", None)
             if not lazy:
                 ds = ds.load()
         except Exception as e:  # noqa: BLE001 - every backend failure becomes one clear error

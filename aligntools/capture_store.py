@@ -212,8 +212,11 @@ class NetCDFStore:
 
     def set_static(self, name: str, spec: VarSpec, values: np.ndarray) -> None:
         self._ensure_dims(spec.dims, values.shape)
-        var = self._file.create_variable(name, spec.dims, dtype=str if values.dtype.kind == "U" else values.dtype)
-        var[:] = values.astype(object) if values.dtype.kind == "U" else values
+        import h5py
+
+        is_text = values.dtype.kind == "U"
+        var = self._file.create_variable(name, spec.dims, dtype=h5py.string_dtype() if is_text else values.dtype)
+        var[:] = values.astype(object) if is_text else values
         self._file.flush()
 
     def close(self, attrs: dict) -> None:

@@ -157,8 +157,8 @@ def row_sums(a: np.ndarray, b: np.ndarray, idx_a: np.ndarray | None = None,
     a, b: [N_a, ...], [N_b, ...] with equal trailing shape; ``idx_a``/``idx_b`` ([N]) pick
     and order the aligned rows (None = all rows in order). Returns ``ROW_SUMS`` arrays [N].
     Rows are processed in chunks of ~``CHUNK_ELEMS`` elements by ``workers`` threads (numpy
-    releases the GIL). Default 1: on the shared 2-core box a second thread measured slower
-    (1.27 vs 1.37 GB/s) - it only pays where a core is really idle.
+    releases the GIL). Default 1: on the shared 2-core box a second thread measured anywhere
+    from 7% slower to 27% faster depending on other jobs' load - it pays only on idle cores.
     """
     n = len(a) if idx_a is None else len(idx_a)
     a2 = a.reshape(len(a), -1)

@@ -1,10 +1,11 @@
 """``explore(comparison)``: an interactive view of a Comparison for JupyterLab.
 
 A layer slider picks the layer whose sites are shown token by token; a metric dropdown and
-a site filter (which site kind to follow across layers) drive the second heatmap. State lives in plain Python (``Explorer.figure``, ``.layer``...) and every
-change re-renders synchronously, so it behaves the same with or without a browser (DESIGN.md
-section 7: headless ipywidgets fire observers but Output text is not captured). Without
-ipywidgets it degrades to the static ``Comparison.plot()`` figure.
+a site filter (which site kind to follow across layers) drive the second heatmap. State
+lives in plain Python (``Explorer.figure`` and the controls) and every change re-renders
+synchronously, so it behaves the same with or without a browser (DESIGN.md section 7:
+headless ipywidgets fire observers but Output text is not captured). Without ipywidgets it
+degrades to the static ``Comparison.plot()`` figure.
 """
 
 from __future__ import annotations
@@ -29,16 +30,15 @@ class Explorer:
         import ipywidgets as w
 
         self.cmp = cmp
-        kinds = [k for k in S.LAYER_SITES if any(S.parse(s).kind == k for s in cmp.results)
-                 and k not in ("topk_ids",)]
+        kinds = [k for k in S.LAYER_SITES if k != "topk_ids"
+                 and any(S.parse(s).kind == k for s in cmp.results)] or ["resid_post"]
         layers = [S.parse(s).layer for s in cmp.results if S.parse(s).layer is not None]
-        first = self.cmp.first_divergence
+        first = cmp.first_divergence
         start = S.parse(first.site).layer if first and S.parse(first.site).layer is not None else 0
         self.layer_slider = w.IntSlider(value=start, min=0, max=max(layers, default=0), description="layer")
         self.metric = w.Dropdown(options=[m for m in METRICS if _has(cmp, m)], value="rel_l2",
                                  description="metric")
-        self.kind = w.Dropdown(options=kinds or ["resid_post"],
-                               value="resid_post" if "resid_post" in kinds else (kinds or ["resid_post"])[0],
+        self.kind = w.Dropdown(options=kinds, value="resid_post" if "resid_post" in kinds else kinds[0],
                                description="site")
         self.output = w.Output()
         self.figure: Figure | None = None

@@ -1,13 +1,19 @@
-"""Throughput of the minirl engine vs transformers on the same zoo MoE checkpoint, one run.
+"""The minirl engine vs transformers on the same zoo checkpoints: throughput and mismatch.
 
-Decode: ``generate`` of ``--batch`` sequences x ``--new-tokens`` tokens (sampling at T=1, EOS
-ignored so every sequence runs to the end), KV cache on both sides, same dtype, same prompts;
-reported as generated tokens / wall second (prefill included on both sides) and as a ratio.
-Prefill: one full forward over ``--batch`` x ``--prefill-len`` tokens (``Engine.score`` vs the
-HF model's forward), tokens / second.
+Throughput (default), one run, same model, dtype and prompts on both sides:
+decode = ``generate`` of ``--batch`` sequences x ``--new-tokens`` tokens (sampling at T=1, EOS
+ignored so every sequence runs to the end, KV cache on both sides), generated tokens per wall
+second, prefill included on both sides; prefill = one full forward over ``--batch`` x
+``--prefill-len`` tokens (``Engine.score`` vs the HF forward + log_softmax), tokens per second.
+
+Mismatch (``--mismatch``): for every zoo model, |logprob_minirl - logprob_transformers| on the
+same sampled sequences, for the ``typical_inference`` and ``aligned`` presets (and ``aligned``
+with a bf16 lm_head and router, transformers' own bf16 recipe) in bf16, in prefill (``score``)
+and decode (``generate``'s logprobs), against transformers in bf16 (the bf16 trainer) and fp32.
 
     .venv/bin/python benchmarks/bench_engine.py                 # tiny-qwen3-moe, fp32
     .venv/bin/python benchmarks/bench_engine.py --dtype bfloat16
+    .venv/bin/python benchmarks/bench_engine.py --mismatch --batch 16 --new-tokens 64
 """
 
 from __future__ import annotations
@@ -28,6 +34,20 @@ sys.path.insert(0, str(REPO))
 from labs import zoo  # noqa: E402
 from minirl import Engine, Knobs, SamplingParams  # noqa: E402
 
+MISMATCH_MODELS = ("tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral")
+
+
+def _zoo_path(name: str) -> Path:
+    root = Path(os.environ.get("MLAB_ZOO_DIR", REPO / ".zoo"))  # the test suite's zoo cache
+    return zoo.build(name, out=root / f"{name}-seed0")
+
+
+def _hf(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="eager", experts_implementation="eager").eval()
+
 
 def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Best wall time of each function over ``repeats`` rounds (after one warm-up round).
@@ -46,31 +66,18 @@ def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     return best
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny-qwen3-moe")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--prefill-len", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "1")))
-    args = ap.parse_args(argv)
-
+@torch.no_grad()
+def throughput(args: argparse.Namespace) -> dict[str, float]:
+    dtype = getattr(torch, args.dtype)
+    path = _zoo_path(args.model)
+    engine = Engine.from_pretrained(path, dtype=dtype, knobs=Knobs.typical_inference())
     import transformers
 
-    torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    root = Path(os.environ.get("MLAB_ZOO_DIR", REPO / ".zoo"))  # the test suite's zoo cache
-    path = zoo.build(args.model, out=root / f"{args.model}-seed0")
-    engine = Engine.from_pretrained(path, dtype=dtype, knobs=Knobs.typical_inference())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()  # its defaults
     gen = torch.Generator().manual_seed(0)
     vocab = engine.spec.vocab_size
     prompts = torch.randint(3, vocab, (args.batch, args.prompt_len), generator=gen)  # [B, P]
     long = torch.randint(3, vocab, (args.batch, args.prefill_len), generator=gen)  # [B, S]
-
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, seed=0)
 
     def hf_generate() -> None:
@@ -79,18 +86,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                           min_new_tokens=args.new_tokens, use_cache=True, pad_token_id=hf.config.pad_token_id)
         assert out.shape[1] == args.prompt_len + args.new_tokens
 
-    with torch.no_grad():
-        t = _best_times({"minirl": lambda: engine.generate(prompts.tolist(), params), "hf": hf_generate},
-                        args.repeats)
-        p = _best_times({"minirl": lambda: engine.score(long.tolist()),
-                         "hf": lambda: hf(long).logits.float().log_softmax(-1)}, args.repeats)
-    t_mini, t_hf, p_mini, p_hf = t["minirl"], t["hf"], p["minirl"], p["hf"]
-
+    t = _best_times({"minirl": lambda: engine.generate(prompts.tolist(), params), "hf": hf_generate},
+                    args.repeats)
+    p = _best_times({"minirl": lambda: engine.score(long.tolist()),
+                     "hf": lambda: hf(long).logits.float().log_softmax(-1)}, args.repeats)
     n_gen, n_pre = args.batch * args.new_tokens, args.batch * args.prefill_len
-    res = {"decode_minirl": n_gen / t_mini, "decode_hf": n_gen / t_hf,
-           "prefill_minirl": n_pre / p_mini, "prefill_hf": n_pre / p_hf}
-    print(f"{args.model} {args.dtype}, {args.threads} CPU threads, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}")
+    res = {"decode_minirl": n_gen / t["minirl"], "decode_hf": n_gen / t["hf"],
+           "prefill_minirl": n_pre / p["minirl"], "prefill_hf": n_pre / p["hf"]}
+    print(f"{args.model} {args.dtype}, {args.threads} CPU thread(s), torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, best of {args.repeats}")
     print(f"decode  (batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens): "
           f"minirl {res['decode_minirl']:8.0f} tok/s | transformers {res['decode_hf']:8.0f} tok/s | "
           f"ratio {res['decode_minirl'] / res['decode_hf']:.2f}x")
@@ -98,6 +102,56 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"minirl {res['prefill_minirl']:8.0f} tok/s | transformers {res['prefill_hf']:8.0f} tok/s | "
           f"ratio {res['prefill_minirl'] / res['prefill_hf']:.2f}x")
     return res
+
+
+@torch.no_grad()
+def mismatch(args: argparse.Namespace) -> dict[tuple[str, str, str, str], float]:
+    """Mean |dlogprob| per (model, preset, phase, reference); also printed as a table."""
+    presets = {"typical": Knobs.typical_inference(), "aligned": Knobs.aligned(),
+               # transformers' own bf16 recipe: aligned, but lm_head and router left in bf16
+               "hf-bf16": Knobs.aligned().replace(lm_head_dtype="act", router_dtype="act")}
+    prompts = torch.randint(3, 500, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(max_new_tokens=args.new_tokens, seed=0, ignore_eos=True)
+    out: dict[tuple[str, str, str, str], float] = {}
+    print(f"mean (max) |logprob_minirl_bf16 - logprob_transformers| over {args.batch} x {args.new_tokens} "
+          f"generated tokens")
+    print(f"{'model':16s} {'preset':8s} {'phase':8s} {'vs hf bf16':>22s} {'vs hf fp32':>22s}")
+    for name in tqdm(MISMATCH_MODELS, desc="models", leave=False):
+        path = _zoo_path(name)
+        refs = {"bf16": _hf(path, torch.bfloat16), "fp32": _hf(path, torch.float32)}
+        for label, knobs in presets.items():
+            engine = Engine.from_pretrained(path, dtype="bfloat16", knobs=knobs)
+            rollouts = engine.generate(prompts.tolist(), params)
+            seqs = [r.prompt_ids + r.token_ids for r in rollouts]
+            mine = {"decode": torch.cat([r.logprobs for r in rollouts]),
+                    "prefill": torch.cat([lp[args.prompt_len - 1:] for lp in engine.score(seqs)])}
+            for phase, lp in mine.items():
+                cells = []
+                for ref_name, ref in refs.items():
+                    logits = ref(torch.tensor(seqs)).logits.float()[:, args.prompt_len - 1:-1]  # [B, T, V]
+                    ref_lp = logits.log_softmax(-1).gather(-1, torch.tensor(seqs)[:, args.prompt_len:, None])
+                    d = (lp - ref_lp.flatten()).abs()
+                    out[name, label, phase, ref_name] = d.mean().item()
+                    cells.append(f"{d.mean().item():.2e} ({d.max().item():.2e})")
+                print(f"{name:16s} {label:8s} {phase:8s} {cells[0]:>22s} {cells[1]:>22s}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-qwen3-moe")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prefill-len", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "1")),
+                    help="intra-op threads (1 is the steadiest on a shared CPU box)")
+    ap.add_argument("--mismatch", action="store_true", help="measure typical vs aligned bf16 mismatch instead")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    return mismatch(args) if args.mismatch else throughput(args)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,15 @@ REPO = Path(__file__).resolve().parent.parent
 NEW_TOKENS = 16
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Same setting as bench_engine.py: one intra-op thread is steadier on a shared CPU box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def setup():
     import transformers

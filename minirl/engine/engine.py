@@ -206,7 +206,9 @@ class Engine:
         return [slice(i, i + 1) for i in range(n)] if self.knobs.batch_invariant else [slice(0, n)]
 
     def _check_sequences(self, seqs: list[list[int]], what: str, room: int) -> None:
-        if not isinstance(seqs, list) or not seqs:
+        if not isinstance(seqs, list) or not all(isinstance(s, (list, tuple)) for s in seqs):
+            raise TypeError(f"{what} must be a list of token-id lists (use tensor.tolist())")
+        if not seqs:
             raise ValueError(f"{what} is empty: pass a non-empty list of token-id lists")
         limit, vocab = self.spec.max_positions - room, self.spec.vocab_size
         for i, s in enumerate(seqs):

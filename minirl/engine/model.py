@@ -8,6 +8,7 @@ the taps emit the residual those calls produce (``resid_mid``/``resid_post``), u
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -91,8 +92,7 @@ class Transformer:
                 self.w[n].copy_(t.to(self.weight_dtype))
 
     def _layer(self, i: int) -> LayerWeights:
-        g = lambda name: self.w.get(f"L{i}.{name}")  # noqa: E731
-        return LayerWeights(*(g(f.name) for f in LayerWeights.__dataclass_fields__.values()))
+        return LayerWeights(**{f.name: self.w.get(f"L{i}.{f.name}") for f in dataclasses.fields(LayerWeights)})
 
     # ------------------------------------------------------------------ forward
     def forward(self, batch: ForwardBatch, cache: KVCache | None, taps: list[Callable],
@@ -118,9 +118,10 @@ class Transformer:
                 emit(p + "attn_norm", x)
 
             a = self._attention(x, lw, batch, cache, i, emit, p)  # [N, H]
-            x, residual = self.norm(a, lw.mlp_norm, self.eps, residual=residual)
             if emit:
                 emit(p + "attn_out", a)
+            x, residual = self.norm(a, lw.mlp_norm, self.eps, residual=residual)
+            if emit:
                 emit(p + "resid_mid", residual)
                 emit(p + "mlp_norm", x)
 

@@ -84,7 +84,7 @@ def test_logit_metrics_match_torch():
     b = (a + 0.05 * rng.standard_normal(a.shape)).astype(np.float32)
     nxt = np.array([1, 4, 0, 10, -1, 3])
     r = M.logit_rows(a, b, nxt)
-    la, lb = torch.log_softmax(torch.tensor(a, dtype=torch.float64), -1), torch.log_softmax(torch.tensor(b, dtype=torch.float64), -1)
+    la, lb = (torch.log_softmax(torch.tensor(x, dtype=torch.float64), -1) for x in (a, b))
     kl = (la.exp() * (la - lb)).sum(-1).numpy()
     np.testing.assert_allclose(r["kl"], kl, rtol=1e-10)
     exp = np.abs((lb - la).numpy()[np.arange(6), np.maximum(nxt, 0)])
