@@ -28,6 +28,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardB
     if cache is not None:
         cache.write(layer, batch, k, v)
     if batch.decode:
+        assert cache is not None
         kc, vc = cache.read(layer, batch.cache_rows, batch.max_context, q.dtype)  # [B, kv, L, d]
         mask = batch.decode_mask  # [B, 1, 1, L] or None
         if backend == "sdpa":

@@ -34,7 +34,13 @@ DECODE_MODES = ("incremental", "recompute")
 
 
 class Engine:
-    """Inference engine over an HF checkpoint. Build with ``Engine.from_pretrained``."""
+    """Inference engine over an HF checkpoint. Build with ``Engine.from_pretrained``.
+
+    Step numbering (taps' ``meta.step``): 0 is the prefill (of ``score`` or of ``generate``'s
+    prompts); decode step ``k`` feeds generated token ``k - 1``. Every generated token is fed
+    once, the last one included (its logits are unused), so routing and taps cover every
+    position of ``prompt + generated`` exactly once, as the trainer's forward does.
+    """
 
     def __init__(self, config: dict, hf_weights: Mapping[str, torch.Tensor], *,
                  dtype: str | torch.dtype = "float32", knobs: Knobs | None = None) -> None:

@@ -20,6 +20,7 @@ class KVCache:
     def __init__(self, n_layers: int, rows: int, capacity: int, n_kv: int, head_dim: int,
                  dtype: torch.dtype) -> None:
         shape = (rows, n_kv, capacity, head_dim)
+        # zeros, not empty: a shorter row's masked tail is still read, and 0 * NaN would be NaN
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
         self.dtype = dtype
