@@ -131,16 +131,14 @@ class InferSpec:
 
 def parse_infer(spec: str, dtype: str | None) -> InferSpec:
     """``minirl[:PRESET][,knob=value...]``. The preset sets the default dtype: bfloat16 for
-    ``typical`` (what inference servers run), float32 for ``aligned``."""
-    from minirl import Knobs
+    ``typical`` (what inference servers run), float32 for the aligned presets."""
+    from aligntools.engine_spec import minirl_default_dtype, minirl_knobs
 
     name, preset, overrides = _parse(spec)
     if name != "minirl":
         raise GateUsageError(f"--infer must be minirl[:PRESET][,knob=value...]; got {spec!r}")
     preset = preset or "typical"
-    base = Knobs.aligned() if preset == "aligned" else Knobs.typical_inference()
-    dtype = dtype or ("float32" if preset == "aligned" else "bfloat16")
-    return InferSpec(base.replace(**overrides), preset, dtype, overrides)
+    return InferSpec(minirl_knobs(preset, overrides), preset, dtype or minirl_default_dtype(preset), overrides)
 
 
 def _parse(spec: str) -> tuple[str, str | None, dict]:
@@ -154,16 +152,13 @@ def _parse(spec: str) -> tuple[str, str | None, dict]:
 
 
 def load_hf(path: Path, dtype: str):
-    """transformers model in ``dtype``, as a trainer loads it. float64 (the noise floor) runs
-    the experts in the eager per-expert loop: transformers' grouped_mm path has no float64."""
-    import transformers
+    """The training engine (``engine_spec.load_hf``); an unreadable checkpoint is a usage error."""
+    from aligntools import engine_spec
 
-    extra = {"experts_implementation": "eager"} if dtype == "float64" else {}
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), **extra)
+        return engine_spec.load_hf(path, dtype)
     except Exception as e:  # noqa: BLE001 - a bad checkpoint surfaces as many error types
         raise GateUsageError(f"unreadable checkpoint {path}: {type(e).__name__}: {e}") from e
-    return model.eval()
 
 
 # ---------------------------------------------------------------- the gate

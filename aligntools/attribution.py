@@ -127,15 +127,17 @@ def _share(g0: float, g: float) -> float:
 
 def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, train: str = "hf", dtype: str = "bfloat16",
               tokens: int | torch.Tensor = 256, knobs: Sequence[str] | None = None,
-              progress: bool = True) -> Attribution:
+              progress: bool = True, target: Knobs | None = None) -> Attribution:
     """Share of the final mean |Δ logprob| (minirl vs the training engine) each knob explains.
 
     ``infer_knobs``: the inference engine's knobs (default ``Knobs.typical_inference()``);
     ``train``: the training engine spec (``hf`` = float32, ``hf:bfloat16``); ``dtype``: the
     inference engine's dtype; ``tokens``: a count of built-in text tokens or token ids [B, S];
     ``knobs``: restrict to these knob names (default: every knob whose value differs from
-    ``Knobs.aligned()``). Only logprobs are computed (``Engine.score``), one training pass
-    reused, so a knob evaluation costs one inference prefill.
+    ``target``); ``target``: the knob values each knob is toggled to (default
+    ``Knobs.aligned()``; use ``Knobs.hf_exact()`` against a stock bf16 trainer). Only logprobs
+    are computed (``Engine.score``), one training pass reused, so a knob evaluation costs one
+    inference prefill.
     """
     from minirl import Engine, Knobs  # noqa: F811 - lazy: importing aligntools must not import minirl
 
@@ -143,7 +145,7 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
 
     path = validate_checkpoint(model_path)
     infer_knobs = Knobs.typical_inference() if infer_knobs is None else infer_knobs
-    aligned = Knobs.aligned()
+    aligned = Knobs.aligned() if target is None else target
     valid = list(infer_knobs.to_dict())
     unknown = sorted(set(knobs or ()) - set(valid))
     if unknown:

@@ -13,7 +13,7 @@ import os
 import typing
 
 HF_DTYPES = ("float32", "bfloat16", "float16")
-MINIRL_PRESETS = ("aligned", "typical")
+MINIRL_PRESETS = ("aligned", "typical", "hf_exact")  # Knobs classmethods: aligned(), typical_inference(), hf_exact()
 ENGINES = ("hf", "minirl")
 
 
@@ -67,21 +67,41 @@ def knob_value(name: str, text: str) -> object:
     raise ValueError(f"knob {name} expects {kind}; got {text!r}")
 
 
+def minirl_knobs(preset: str | None, overrides: dict[str, object]):
+    """Knobs of a minirl spec: the preset (default ``typical``) with the overrides applied."""
+    from minirl import Knobs
+
+    factory = {"aligned": Knobs.aligned, "typical": Knobs.typical_inference, "hf_exact": Knobs.hf_exact}
+    return factory[preset or "typical"]().replace(**overrides)
+
+
+def minirl_default_dtype(preset: str | None) -> str:
+    """bfloat16 for ``typical`` (what inference servers run), float32 for the aligned presets."""
+    return "bfloat16" if (preset or "typical") == "typical" else "float32"
+
+
+def load_hf(path: str | os.PathLike, dtype: str):
+    """The lab's training engine: transformers with eager attention and the per-expert MoE loop.
+
+    Why eager: it is the plain PyTorch math a trainer differentiates through, it runs in
+    float64 (the noise-floor reference; the grouped_mm experts path has no float64), and it is
+    what ``Knobs.hf_exact()`` reproduces bit for bit.
+    """
+    import torch
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=getattr(torch, dtype), attn_implementation="eager",
+        experts_implementation="eager").eval()
+
+
 def load_target(spec: str, path: str | os.PathLike, dtype: str | None = None) -> object:
     """Build the engine a spec names on checkpoint ``path``: a transformers model (``hf``,
-    dtype from the preset or ``dtype``) or a minirl Engine (knobs from preset + overrides;
-    default dtype float32 for ``aligned``, bfloat16 for ``typical``)."""
-    import torch
-
+    dtype from the preset or ``dtype``) or a minirl Engine (knobs from preset + overrides)."""
     name, preset, overrides = parse_engine_spec(spec)
     if name == "hf":
-        import transformers
+        return load_hf(path, preset or dtype or "float32")
+    from minirl import Engine
 
-        chosen = preset or dtype or "float32"
-        return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, chosen)).eval()
-    from minirl import Engine, Knobs
-
-    preset = preset or "typical"
-    knobs = (Knobs.aligned() if preset == "aligned" else Knobs.typical_inference()).replace(**overrides)
-    return Engine.from_pretrained(path, dtype=dtype or ("float32" if preset == "aligned" else "bfloat16"),
-                                  knobs=knobs)
+    return Engine.from_pretrained(path, dtype=dtype or minirl_default_dtype(preset),
+                                  knobs=minirl_knobs(preset, overrides))

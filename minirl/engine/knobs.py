@@ -101,7 +101,9 @@ class Knobs:
 
     @classmethod
     def aligned(cls) -> "Knobs":
-        """The setting that reproduces transformers' numerics (the training engine)."""
+        """Ring-linear 5.2.1 applied on the inference side: transformers' eager math (bit-exact
+        in fp32), with the precision-sensitive ops (lm_head, router, KV cache) in fp32. See
+        ``hf_exact()`` for bit-exact agreement with a stock bf16 trainer."""
         return cls(
             rmsnorm="hf",
             activation="hf",
@@ -116,6 +118,14 @@ class Knobs:
             tp=1,
             batch_invariant=True,
         )
+
+    @classmethod
+    def hf_exact(cls) -> "Knobs":
+        """Bit-for-bit stock transformers in any dtype: ``aligned()`` but with lm_head and router
+        in the activation dtype, as an unmodified bf16 HF trainer computes them. ``aligned()``
+        keeps those in fp32 (Ring-linear 5.2.1 recommends fp32 there on *both* sides), which
+        is closer to the fp32 truth but not identical to a stock bf16 trainer."""
+        return cls.aligned().replace(lm_head_dtype="act", router_dtype="act")
 
     def replace(self, **changes: object) -> "Knobs":
         """A copy with some fields changed; unknown names raise with the valid list."""

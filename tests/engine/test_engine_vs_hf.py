@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minirl import Knobs, SamplingParams
+from minirl import Engine, Knobs, SamplingParams
 
 ZOO_ARCHS = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral"]
 
@@ -56,3 +56,19 @@ def test_decode_recompute_equals_incremental_in_fp32(engine, prompts):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
         torch.testing.assert_close(a.routed_experts, b.routed_experts)
+
+
+def test_hf_exact_preset_is_bit_identical_to_stock_bf16_hf(zoo):
+    """Knobs.hf_exact() in bf16 reproduces the lab's training engine (eager transformers) exactly."""
+    from aligntools.engine_spec import load_hf
+
+    path = zoo("tiny-qwen3-moe")
+    ids = torch.tensor([[5, 60, 61, 77, 90, 100, 7, 8, 200, 31]])
+    hf = load_hf(path, "bfloat16")
+    with torch.no_grad():
+        ref = hf(ids).logits.float().log_softmax(-1)[0, :-1].gather(-1, ids[0, 1:, None])[:, 0]  # [S-1]
+    eng = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.hf_exact())
+    got = eng.score(ids.tolist())[0]
+    assert torch.equal(got, ref)
+    typical = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.typical_inference()).score(ids.tolist())[0]
+    assert not torch.equal(typical, ref)
