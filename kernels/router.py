@@ -111,6 +111,28 @@ def unstable(
     return _select(s, k, scan, renormalize)
 
 
+@register("router_topk", "torch")
+def torch_topk(
+    logits: torch.Tensor,
+    k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    compute_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain ``torch.topk``: exactly what transformers' Qwen3-MoE/Mixtral routing calls.
+
+    Who: the stock HF training engine. Why it differs from ``stable``: torch does not promise
+    a tie order, and bf16 router scores tie exactly more often than one expects (a few tokens
+    in a thousand on the zoo MoE), so reproducing a stock trainer bit for bit needs the same
+    call, not just the same math.
+    """
+    compute = check(logits, k, scoring, compute_dtype)
+    s = scores(logits, scoring, compute)  # [N, E]
+    w, ids = torch.topk(s, k, dim=-1)  # [N, k]
+    return ids, (renorm(w) if renormalize else w)
+
+
 @register("router_topk", "triton")
 def triton(
     logits: torch.Tensor,

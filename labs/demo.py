@@ -4,7 +4,9 @@ The story in one run: a typical inference engine (minirl, bf16, fused kernels) a
 float32 training engine (transformers) on the zoo's tiny Qwen3-MoE - the alignment gate says
 *whether* they agree and *where* they part ways, knob attribution says *which* engine
 choice explains how much of the logprob gap, and the aligned engine is shown passing for
-contrast. Everything lands in ``runs/demo/`` (report.html + PNGs). The exit code is 0 even
+contrast. Last, the same question with a bf16 trainer on both sides, where the dtype no
+longer hides the knobs: the first divergence and the attribution name the engine choices
+themselves. Everything lands in ``runs/demo/`` (report.html + PNGs). The exit code is 0 even
 though the gate fails: showing that failure is the point of the demo.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from aligntools import attribute, check_alignment
 from labs import zoo
+from minirl import Knobs
 
 MODEL = "tiny-qwen3-moe"
 
@@ -47,11 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{aligned.verdict}; mean |Δ logprob| {aligned.logprob.loc['mean', 'value']:.3g} "
           f"(typical bf16: {gate.logprob.loc['mean', 'value']:.3g})")
 
+    _section("4. Same dtype on both sides: bf16 training engine vs typical bf16 inference engine")
+    same = check_alignment(path, train="hf:bfloat16", infer="minirl", tokens=args.tokens)
+    div = same.first_divergence
+    print(same.verdict)
+    print(f"first divergence: {div.site} (x{div.factor:.3g}): {div.reason}" if div else "first divergence: none")
+    for finding in same.diagnosis[:3]:
+        print(f"  {finding}")
+    same_attr = attribute(path, train="hf:bfloat16", dtype="bfloat16", tokens=args.tokens, target=Knobs.hf_exact())
+    print(same_attr.summary())
+
     report = gate.report()
     report.heading("Knob attribution").preformatted(attr.summary()).figure(attr.plot(), "knob attribution")
     report.heading("For contrast: the aligned float32 engine").verdict(aligned.passed, aligned.verdict)
+    report.heading("Same dtype on both sides (bf16 trainer)").verdict(same.passed, same.verdict)
+    report.preformatted(same_attr.summary()).figure(same_attr.plot(), "knob attribution, bf16 trainer")
     written = [report.write(out / "report.html")]
-    figures = {**gate.figures(), "attribution": attr.plot()}
+    figures = {**gate.figures(), "attribution": attr.plot(), "attribution_bf16_trainer": same_attr.plot()}
     for name, fig in figures.items():
         fig.savefig(out / f"{name}.png", dpi=100, bbox_inches="tight")
         written.append(out / f"{name}.png")

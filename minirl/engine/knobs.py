@@ -122,10 +122,11 @@ class Knobs:
     @classmethod
     def hf_exact(cls) -> "Knobs":
         """Bit-for-bit stock transformers in any dtype: ``aligned()`` but with lm_head and router
-        in the activation dtype, as an unmodified bf16 HF trainer computes them. ``aligned()``
+        in the activation dtype and plain ``torch.topk`` (its tie order), as an unmodified HF
+        trainer computes them. ``aligned()``
         keeps those in fp32 (Ring-linear 5.2.1 recommends fp32 there on *both* sides), which
         is closer to the fp32 truth but not identical to a stock bf16 trainer."""
-        return cls.aligned().replace(lm_head_dtype="act", router_dtype="act")
+        return cls.aligned().replace(lm_head_dtype="act", router_dtype="act", topk="torch")
 
     def replace(self, **changes: object) -> "Knobs":
         """A copy with some fields changed; unknown names raise with the valid list."""
