@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONTRACT = {
     "rmsnorm": ["bf16_compute", "fp32_residual", "fused_add", "hf", "reference", "triton"],
     "rope": ["cached_table", "fp32_compute", "hf", "reference", "triton"],
-    "router_topk": ["stable", "triton", "unstable"],
+    "router_topk": ["stable", "torch", "triton", "unstable"],
     "logprobs": ["chunked", "naive", "triton"],
 }
 

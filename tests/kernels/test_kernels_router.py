@@ -206,3 +206,18 @@ def test_replay_gate_bad_ids():
         kernels.replay_gate(logits, torch.zeros(3, 2, dtype=torch.int64))
     with pytest.raises(TypeError, match=r"ids\[4, 2\] float32"):
         kernels.replay_gate(logits, torch.zeros(4, 2))
+
+
+def test_torch_variant_equals_stable_without_ties_and_is_plain_topk_with_ties():
+    import kernels
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 8, dtype=torch.float64)  # no exact ties
+    for name in ("torch", "stable"):
+        ids, w = kernels.get("router_topk", name)(logits, 2)
+        if name == "torch":
+            ref_ids, ref_w = ids, w
+    assert torch.equal(ids, ref_ids) and torch.equal(w, ref_w)
+    tied = torch.zeros(4, 8)  # every expert ties: the result is whatever torch.topk returns
+    ids, _ = kernels.get("router_topk", "torch")(tied, 2)
+    assert torch.equal(ids, torch.topk(torch.softmax(tied, -1), 2, dim=-1).indices)
