@@ -18,23 +18,15 @@ from typing import Any
 import pandas as pd
 
 from aligntools.compare import compare
-from aligntools.comparison import GATED_BASES
+from aligntools.comparison import GATED_BASES, SiteVerdict
 from aligntools.tolerance import Tolerance
 
 
 @dataclass(frozen=True)
-class GateReport:
+class GateReport(SiteVerdict):
     """Per site: ``err_candidate``, ``err_baseline`` (both vs reference), ``limit``, ``passes``."""
 
     table: pd.DataFrame
-
-    @property
-    def passes(self) -> bool:
-        return bool(self.table["passes"].all())
-
-    @property
-    def failures(self) -> list[str]:
-        return list(self.table.index[~self.table["passes"]])
 
     def __str__(self) -> str:
         verdict = "PASS" if self.passes else f"FAIL at {', '.join(self.failures)}"

@@ -30,6 +30,23 @@ TABLE_COLUMNS = [
 ]
 
 
+
+class SiteVerdict:
+    """``passes`` / ``failures`` read off a per-site table with a boolean ``passes`` column
+    (shared by ``Comparison`` and the accuracy gate's ``GateReport``)."""
+
+    table: pd.DataFrame
+
+    @property
+    def passes(self) -> bool:
+        """True when every gated site is within its tolerance limit."""
+        return bool(self.table["passes"].all())
+
+    @property
+    def failures(self) -> list[str]:
+        """Sites over their limit, in execution order."""
+        return list(self.table.index[~self.table["passes"]])
+
 @dataclass(frozen=True)
 class SiteResult:
     """Metrics of one site. ``rows``: per-token arrays [N]; ``summary``: site-level numbers.
@@ -52,7 +69,7 @@ class SiteResult:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(SiteVerdict):
     """Capture ``b`` measured against capture ``a`` (``a`` is the trusted side)."""
 
     results: dict[str, SiteResult]
@@ -100,15 +117,6 @@ class Comparison:
         """Likely causes, in execution order (see ``aligntools.diagnosis``)."""
         return diagnose(self.growth, self.table, self.routing, self.per_token)
 
-    @property
-    def passes(self) -> bool:
-        """True when every gated site is within its tolerance limit."""
-        return bool(self.table["passes"].all())
-
-    @property
-    def failures(self) -> list[str]:
-        """Sites over their limit, in execution order."""
-        return list(self.table.index[~self.table["passes"]])
 
     def per_token(self, site: str) -> pd.DataFrame:
         """Token rows (request, position, token_id, step_a, step_b) + that site's metrics."""
