@@ -23,7 +23,9 @@ def parse_engine_spec(spec: str) -> tuple[str, str | None, dict[str, object]]:
     Raises ValueError naming the problem: unknown engine, preset, knob or a value that does
     not convert to the knob's type.
     """
-    name, _, rest = spec.strip().partition(":")
+    text = spec.strip()
+    cut = min((i for i in (text.find(":"), text.find(",")) if i >= 0), default=len(text))
+    name, rest = text[:cut], text[cut + 1:]  # "minirl,rmsnorm=hf" has overrides but no preset
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r} in {spec!r}; engines: {', '.join(ENGINES)}")
     items = [x.strip() for x in rest.split(",") if x.strip()] if rest else []

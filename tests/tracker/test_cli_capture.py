@@ -19,6 +19,8 @@ from aligntools.engine_spec import parse_engine_spec
     ("minirl", ("minirl", None, {})),
     ("minirl:aligned", ("minirl", "aligned", {})),
     ("minirl:typical", ("minirl", "typical", {})),
+    ("minirl:hf_exact", ("minirl", "hf_exact", {})),
+    ("minirl,rmsnorm=hf", ("minirl", None, {"rmsnorm": "hf"})),
     ("minirl:aligned,rmsnorm=fused_add", ("minirl", "aligned", {"rmsnorm": "fused_add"})),
     ("minirl:tp=2,batch_invariant=true,rmsnorm_eps=none",
      ("minirl", None, {"tp": 2, "batch_invariant": True, "rmsnorm_eps": None})),
