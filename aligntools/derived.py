@@ -28,16 +28,20 @@ class NextTokenLogprobs:
 
         ``token_of`` maps every (request, position) seen so far to its token id.
         """
-        logp = torch.log_softmax(logits.detach().to(torch.float32), dim=-1)  # [n, V]
-        entropy = -(logp.exp() * logp).sum(-1)  # [n]
-        targets = torch.tensor([token_of.get((r, p + 1), -1) for r, p in keys], dtype=torch.long)
+        x = logits.detach().to(torch.float32)  # [n, V]
+        lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [n, 1]
+        p = torch.exp(x - lse)  # [n, V]
+        # One exp pass for both: H = lse - sum(p * x); log p(t) = x[t] - lse.
+        entropy = (lse[:, 0] - (p * x).sum(-1))  # [n]
+        targets = torch.tensor([token_of.get((r, p_ + 1), -1) for r, p_ in keys], dtype=torch.long)
         known = targets >= 0
         lp = torch.full((len(keys),), float("nan"))
         if bool(known.any()):
-            lp[known] = logp[known].gather(1, targets[known, None].to(logp.device))[:, 0].cpu()
+            idx = targets[known, None].to(x.device)
+            lp[known] = (x[known].gather(1, idx) - lse[known])[:, 0].cpu()
         for i in torch.nonzero(~known)[:, 0].tolist():
-            r, p = keys[i]
-            self._pending[(r, p + 1)] = (int(rows[i]), logp[i].clone())
+            r, p_ = keys[i]
+            self._pending[(r, p_ + 1)] = (int(rows[i]), (x[i] - lse[i]).clone())
         return lp, entropy.cpu()
 
     def on_token(self, key: Key, token_id: int) -> tuple[int, float] | None:

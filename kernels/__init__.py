@@ -7,7 +7,8 @@ the named variants real engines use, switchable by name.
     >>> y = kernels.get("rmsnorm", "hf")(x, w, 1e-6)
 
 Ops: ``rmsnorm``, ``rope``, ``router_topk``, ``logprobs`` (contracts in docs/architecture.md,
-variants in docs/kernels.md), plus ``replay_gate`` for router replay.
+variants in docs/kernels.md), plus ``replay_gate`` for router replay and ``trusted()``, a
+block that skips the argument checks for a caller that validated its inputs once.
 
 Importing this package never imports triton (transformers imports it while probing for
 Hugging Face's unrelated ``kernels`` hub package, so it must stay light). Deliberately no
@@ -17,8 +18,10 @@ Hugging Face's unrelated ``kernels`` hub package, so it must stay light). Delibe
 from __future__ import annotations
 
 from . import logprobs, rmsnorm, rope, router  # noqa: F401  (registration happens on import)
+from ._checks import trusted
 from .dispatch import TORCH_TWIN, fast, fast_variant
 from .registry import get, ops, register, variants
 from .router import replay_gate
 
-__all__ = ["TORCH_TWIN", "fast", "fast_variant", "get", "ops", "register", "replay_gate", "variants"]
+__all__ = ["TORCH_TWIN", "fast", "fast_variant", "get", "ops", "register", "replay_gate", "trusted",
+           "variants"]

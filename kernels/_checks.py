@@ -8,7 +8,34 @@ was wrong without reading the kernel.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
+
+_TRUSTED: ContextVar[bool] = ContextVar("kernels_trusted", default=False)
+
+
+@contextmanager
+def trusted() -> Iterator[None]:
+    """Skip the argument checks of the ops called inside the block (results are unchanged).
+
+    Why: a caller that has validated its tensors once (the minirl engine's decode loop calls
+    the same ops on the same weights thousands of times) pays the Python checks on every
+    call, and for decode-sized tensors they cost as much as the op. Only for callers that
+    build the arguments themselves; user-facing code keeps the checks.
+    """
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def skipped() -> bool:
+    """True inside ``trusted()``: the op's ``check`` returns without validating."""
+    return _TRUSTED.get()
 
 
 def describe(name: str, t: torch.Tensor) -> str:

@@ -27,6 +27,7 @@ class ForwardBatch:
     cache_rows: slice | None  # rows of the KV cache these sequences occupy; None = no cache
     pad_index: torch.Tensor | None = None  # [N] flat -> b * S + s (prefill, unequal lengths)
     context_lens: torch.Tensor | None = None  # [B] tokens visible after this call (decode)
+    span: tuple[int, int] | None = None  # (min, max) of ``positions`` (decode), known to the caller
     emit_rows: torch.Tensor | None = None  # rows that taps and routing capture see; None = all
 
     @property
@@ -49,17 +50,18 @@ class ForwardBatch:
         rows = torch.arange(self.cache_rows.start, self.cache_rows.stop)
         return rows if self.decode else rows.repeat_interleave(torch.tensor(self.seq_lens))
 
-    @cached_property
+    @property
     def uniform_position(self) -> int | None:
         """The shared position of a decode step whose rows are all at the same position."""
-        if not self.decode or bool((self.positions != self.positions[0]).any()):
+        if not self.decode:
             return None
-        return int(self.positions[0])
+        assert self.span is not None
+        return self.span[0] if self.span[0] == self.span[1] else None
 
-    @cached_property
+    @property
     def max_context(self) -> int:
-        assert self.context_lens is not None
-        return int(self.context_lens.max())
+        assert self.span is not None
+        return self.span[1] + 1
 
     @cached_property
     def decode_mask(self) -> torch.Tensor | None:
@@ -67,7 +69,7 @@ class ForwardBatch:
         the same length (the common case, so the attention kernel runs unmasked)."""
         lens = self.context_lens
         assert lens is not None
-        if bool((lens == lens[0]).all()):
+        if self.uniform_position is not None:
             return None
         return (torch.arange(self.max_context) < lens[:, None])[:, None, None, :]
 
@@ -97,8 +99,9 @@ class ForwardBatch:
 
     @classmethod
     def decode_step(cls, tokens: torch.Tensor, positions: torch.Tensor, requests: torch.Tensor,
-                    cache_rows: slice, step: int) -> "ForwardBatch":
-        """One new token per sequence; ``positions`` [B] is where each token goes."""
+                    cache_rows: slice, step: int, span: tuple[int, int]) -> "ForwardBatch":
+        """One new token per sequence; ``positions`` [B] is where each token goes, ``span`` their
+        (min, max), which the caller tracks in Python: a decode step reads no tensor to plan."""
         b = tokens.shape[0]
         return cls(tokens, positions, requests, step, True, [1] * b, cache_rows,
-                   context_lens=positions + 1)
+                   context_lens=positions + 1, span=span)

@@ -137,31 +137,41 @@ class Engine:
         processed = torch.zeros(r_total, t_max) if params.return_processed_logprobs else None
         routing = (torch.zeros(r_total, t_max, len(spec.moe_layers), spec.top_k, dtype=torch.long)
                    if spec.moe_layers else None)
-        n_gen = torch.zeros(r_total, dtype=torch.long)
+        n_gen = budget.clone()  # rows that end by length; a row that stops gets its count then
         finish_stop = torch.zeros(r_total, dtype=torch.bool)
 
         logits, prompt_routing = self._prefill(rows, cache)  # [R, V], list of [P, n_moe, k] | None
         alive = torch.arange(r_total)  # rollout id of each live row (= its KV-cache row)
-        t = 0
-        while alive.numel():
-            tok, lp, plp = sample(logits, params, seed, alive, t)  # [B] each
-            tokens[alive, t], logprobs[alive, t] = tok, lp
-            if processed is not None:
-                processed[alive, t] = plp
-            n_gen[alive] = t + 1
-            stopped = (tok[:, None] == stop_ids).any(-1)  # [B]
-            finish_stop[alive] = stopped
-            done = stopped | (n_gen[alive] >= budget[alive])  # [B]
-            # Feed the sampled tokens, including the final ones (R3 routing of every token).
-            logits, step_routing = self._feed(rows, alive, tokens, t, cache)
-            if routing is not None:
-                routing[alive, t] = step_routing
-            t += 1
-            if bool(done.any()):
-                keep = (~done).nonzero()[:, 0]
-                alive, logits = alive[keep], logits[keep]
-                if cache is not None and keep.numel():
-                    cache.keep(keep)
+        t, first_end = 0, int(budget.min())  # decode steps after which the first row ends by length
+        # inference_mode: no version counters or autograd keys on the step's temporaries (~15 %
+        # of a decode step); what the loop writes to, and so what the rollouts hold, was
+        # allocated above as normal tensors. trusted: the prefill validated the kernel arguments.
+        with torch.inference_mode(), kernels.trusted():
+            while alive.numel():
+                tok, lp, plp = sample(logits, params, seed, alive, t)  # [B] each
+                tokens[alive, t], logprobs[alive, t] = tok, lp
+                if processed is not None:
+                    processed[alive, t] = plp
+                stopped = (tok[:, None] == stop_ids).any(-1) if stop_ids.numel() else None  # [B]
+                # Feed the sampled tokens, including the final ones (R3 routing of every token).
+                logits, step_routing = self._feed(rows, alive, tokens, t, cache)
+                if routing is not None:
+                    routing[alive, t] = step_routing
+                t += 1
+                if stopped is None and t < first_end:  # no row can have ended: no tensor reads
+                    continue
+                done = budget[alive] <= t  # [B]
+                if stopped is not None:
+                    finish_stop[alive] = stopped
+                    n_gen[alive[stopped]] = t
+                    done |= stopped
+                if bool(done.any()):
+                    keep = (~done).nonzero()[:, 0]
+                    alive, logits = alive[keep], logits[keep]
+                    if keep.numel():
+                        first_end = int(budget[alive].min())
+                        if cache is not None:
+                            cache.keep(keep)
 
         return [Rollout(
             prompt_ids=rows[r], token_ids=tokens[r, : n_gen[r]].tolist(),
@@ -184,7 +194,7 @@ class Engine:
             logits.append(lg)
             if rt is not None:
                 routing += list(rt.split(batch.seq_lens))
-        return torch.cat(logits), (routing or None)
+        return _cat(logits), (routing or None)
 
     def _feed(self, rows: list[list[int]], alive: torch.Tensor, tokens: torch.Tensor, t: int,
               cache: KVCache | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -199,13 +209,14 @@ class Engine:
                                              emit_last_only=True)
                 lg, rt = self.model.forward(batch, None, self._taps, logits_rows=batch.last_rows)
             else:
-                positions = torch.tensor([len(rows[r]) for r in ids.tolist()]) + t  # [B]
-                batch = ForwardBatch.decode_step(tokens[ids, t], positions, ids, group, t + 1)
+                starts = [len(rows[r]) for r in ids.tolist()]  # prompt lengths
+                batch = ForwardBatch.decode_step(tokens[ids, t], torch.tensor(starts) + t, ids, group, t + 1,
+                                                 span=(min(starts) + t, max(starts) + t))
                 lg, rt = self.model.forward(batch, cache, self._taps)
             logits.append(lg)
             if rt is not None:
                 routing.append(rt)
-        return torch.cat(logits), (torch.cat(routing) if routing else None)
+        return _cat(logits), (_cat(routing) if routing else None)
 
     def _groups(self, n: int) -> list[slice]:
         """Batches of rows computed together: all at once, or one by one when batch-invariant."""
@@ -228,6 +239,11 @@ class Engine:
             bad = [t for t in s if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{what}[{i}] has token ids outside [0, {vocab}): {bad[:5]}")
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` that does not copy the single part of an unsplit batch (every decode step)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _check_knobs(knobs: Knobs, spec: ModelSpec, dtype: torch.dtype) -> None:

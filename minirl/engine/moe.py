@@ -100,11 +100,8 @@ class _Sorted:
 
     def __init__(self, flat: torch.Tensor, counts: torch.Tensor) -> None:
         self.order = flat.argsort(stable=True)  # [P]
-        self.segments, start = [], 0  # (expert, first row, end row) of experts with tokens
-        for e, c in enumerate(counts.tolist()):
-            if c:
-                self.segments.append((e, start, start + c))
-            start += c
+        self.counts = counts.tolist()  # rows of each expert's segment, in expert order
+        self.active = [e for e, c in enumerate(self.counts) if c]  # experts with tokens
 
     def group(self, pairs: torch.Tensor) -> torch.Tensor:  # [P, D] -> [P, D] sorted
         return pairs[self.order]
@@ -115,9 +112,12 @@ class _Sorted:
         return out
 
     def linear(self, grouped: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # w [E, O, D]
+        """F.linear's own ``mm`` per expert, written in place into its segment: the views come
+        from one split/unbind each, because per-expert slicing costs more than a decode GEMM."""
         out = grouped.new_empty(grouped.shape[0], w.shape[1])
-        for e, a, b in self.segments:
-            out[a:b] = F.linear(grouped[a:b], w[e])
+        rows, dst, w_t = grouped.split(self.counts), out.split(self.counts), w.transpose(1, 2).unbind(0)
+        for e in self.active:
+            torch.mm(rows[e], w_t[e], out=dst[e])
         return out
 
 

@@ -10,6 +10,7 @@ ops (no per-sequence Python loop). ``argmax(z + Gumbel)`` is an exact sample of
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -64,15 +65,25 @@ _GOLDEN, _M1, _M2 = _i64(0x9E3779B97F4A7C15), _i64(0xBF58476D1CE4E5B9), _i64(0x9
 
 def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
     """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
+    return (x >> s).bitwise_and_((1 << (64 - s)) - 1)
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finalizer on int64 tensors (wrapping arithmetic)."""
+    """splitmix64 finalizer on int64 tensors (wrapping arithmetic). In-place on one fresh
+    tensor: the [B, V] temporaries of a decode step are the sampler's main cost."""
     x = x + _GOLDEN
-    x = (x ^ _srl(x, 30)) * _M1
-    x = (x ^ _srl(x, 27)) * _M2
-    return x ^ _srl(x, 31)
+    x.bitwise_xor_(_srl(x, 30)).mul_(_M1)
+    x.bitwise_xor_(_srl(x, 27)).mul_(_M2)
+    return x.bitwise_xor_(_srl(x, 31))
+
+
+@functools.lru_cache(maxsize=16)
+def _row_keys(seed: int, rows: tuple[int, ...]) -> torch.Tensor:
+    """The step-independent part of the noise key of each row, [B] int64 (read-only). Cached:
+    a generate asks for the same rows every decode step, so each step mixes once, not three
+    times."""
+    seeds = torch.full((len(rows),), _i64(seed), dtype=torch.long)
+    return _mix(_mix(seeds) ^ torch.tensor(rows, dtype=torch.long))
 
 
 def gumbel_noise(seed: int, rows: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
@@ -81,10 +92,10 @@ def gumbel_noise(seed: int, rows: torch.Tensor, step: int, vocab: int) -> torch.
     24 random bits per draw: the Gumbel tail is cut at ~17, which changes a token's sampling
     probability by < 1e-7 relative.
     """
-    base = _mix(_mix(_mix(torch.full_like(rows, _i64(seed))) ^ rows) ^ step)  # [B]
+    base = _mix(_row_keys(seed, tuple(rows.tolist())) ^ step)  # [B]
     bits = _mix(base[:, None] ^ torch.arange(vocab, dtype=torch.long)[None, :])  # [B, V]
-    u = (_srl(bits, 40).float() + 0.5) * 2.0 ** -24  # (0, 1), exact in float32
-    return -torch.log(-torch.log(u))
+    u = _srl(bits, 40).float().add_(0.5).mul_(2.0 ** -24)  # (0, 1), exact in float32
+    return u.log_().neg_().log_().neg_()
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.Tensor,
@@ -100,7 +111,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
         tokens = z.argmax(-1)
         processed = torch.zeros(tokens.shape) if params.return_processed_logprobs else None
         return tokens, raw.gather(1, tokens[:, None])[:, 0], processed
-    z = z / params.temperature
+    if params.temperature != 1:  # z / 1 == z exactly: skip a [B, V] op in the common case
+        z = z / params.temperature
     if params.top_k > 0 and params.top_k < z.shape[-1]:
         kth = z.topk(params.top_k, dim=-1).values[:, -1:]  # [B, 1]
         z = z.masked_fill(z < kth, float("-inf"))
@@ -110,6 +122,6 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
         mass_before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
         drop = torch.zeros_like(z, dtype=torch.bool).scatter(1, idx, mass_before >= params.top_p)
         z = z.masked_fill(drop, float("-inf"))
-    tokens = (z + gumbel_noise(seed, rows, step, z.shape[-1])).argmax(-1)
+    tokens = gumbel_noise(seed, rows, step, z.shape[-1]).add_(z).argmax(-1)  # z + noise, in place
     processed = z.log_softmax(-1).gather(1, tokens[:, None])[:, 0] if params.return_processed_logprobs else None
     return tokens, raw.gather(1, tokens[:, None])[:, 0], processed

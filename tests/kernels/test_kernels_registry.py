@@ -74,3 +74,19 @@ def test_import_does_not_import_triton_and_cpu_launch_without_interpreter_is_ref
     out = _python(code, TRITON_INTERPRET="0")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "TRITON_INTERPRET=1" in out.stdout and "'reference'" in out.stdout
+
+
+def test_trusted_skips_checks_only_inside_the_block_and_changes_no_result():
+    import kernels
+
+    x, w = torch.randn(4, 8), torch.ones(8)
+    bad_w = torch.ones(7)  # wrong hidden size
+    norm = kernels.get("rmsnorm", "hf")
+    with pytest.raises(ValueError, match="weight"):
+        norm(x, bad_w, 1e-6)
+    with kernels.trusted():
+        assert torch.equal(norm(x, w, 1e-6), kernels.get("rmsnorm", "hf")(x, w, 1e-6))
+        with pytest.raises(RuntimeError):  # no friendly check: torch itself fails
+            norm(x, bad_w, 1e-6)
+    with pytest.raises(ValueError, match="weight"):  # checks are back after the block
+        norm(x, bad_w, 1e-6)
