@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from labs.corpus import training_texts
 from labs.tokenizer import build_tokenizer
@@ -154,7 +155,7 @@ def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str
                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    loss = _train_briefly(model, tokenizer, texts, spec, seed)
+    loss = _train_briefly(model, tokenizer, texts, spec, seed, label=f"building {name}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     meta = {"name": name, "seed": seed, "fingerprint": fingerprint, "description": spec.description,
@@ -163,7 +164,8 @@ def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str
     (tmp / "zoo.json").write_text(json.dumps(meta, indent=2))
 
 
-def _train_briefly(model: torch.nn.Module, tokenizer, texts: list[str], spec: ZooSpec, seed: int) -> float:
+def _train_briefly(model: torch.nn.Module, tokenizer, texts: list[str], spec: ZooSpec, seed: int,
+                   label: str = "training") -> float:
     """A few AdamW steps of next-token prediction on packed corpus text; returns last loss."""
     ids = torch.tensor(tokenizer("\n".join(texts))["input_ids"])  # [T]
     seq, batch = spec.train["seq"], spec.train["batch"]
@@ -171,7 +173,7 @@ def _train_briefly(model: torch.nn.Module, tokenizer, texts: list[str], spec: Zo
     opt = torch.optim.AdamW(model.parameters(), lr=spec.train["lr"], weight_decay=0.0)
     model.train()
     loss = torch.tensor(float("nan"))
-    for _ in range(spec.train_steps):
+    for _ in tqdm(range(spec.train_steps), desc=label, unit="step", leave=False):
         starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
         x = torch.stack([ids[s:s + seq] for s in starts.tolist()])  # [B, S]
         loss = model(input_ids=x, labels=x).loss
