@@ -25,9 +25,13 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q
 
+# Ratios against baselines measured in the same run (numbers in README.md / docs/*.md).
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-enable
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/bench_kernels.py
+	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_tracker.py --hidden 1024
+	$(PY) benchmarks/bench_compare.py
 
 lab: $(STAMP)
 	.venv/bin/jupyter lab notebooks/
