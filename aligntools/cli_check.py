@@ -23,9 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="HF checkpoint directory (config.json + *.safetensors)")
     p.add_argument("--train", default="hf", help="training engine: hf (float32) or hf:bfloat16 (default: hf)")
     p.add_argument("--infer", default="minirl",
-                   help="inference engine: minirl[:PRESET][,knob=value...], presets typical (default), aligned")
+                   help="inference engine: minirl[:PRESET][,knob=value...], presets typical (default), aligned, hf_exact")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                   help="inference dtype (default: bfloat16 for typical, float32 for aligned)")
+                   help="inference dtype (default: bfloat16 for typical, float32 for aligned and hf_exact)")
     p.add_argument("--tokens", type=int, default=256, help="tokens of built-in text to run (default: 256)")
     p.add_argument("--tolerance", default=None, help="JSON file overriding the per-site tolerance rules")
     p.add_argument("--report", default=None, help="write a self-contained HTML report here")
