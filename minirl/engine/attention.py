@@ -19,12 +19,12 @@ BACKENDS = ("sdpa", "eager")
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
               cache: KVCache | None, layer: int, backend: str, scale: float) -> torch.Tensor:
-    """q [N, h, d], k/v [N, kv, d] (after RoPE) -> attention output [N, h * d].
+    """q/k [N, h|kv, d], v [N, kv, dv] (after RoPE) -> attention output [N, h * dv].
 
     Prefill attends over the fresh k/v (and writes them to the cache); decode writes the new
     token's k/v, then attends over the cached prefix, as inference engines do.
     """
-    n, h, d = q.shape
+    (n, h, d), dv = q.shape, v.shape[-1]
     if cache is not None:
         cache.write(layer, batch, k, v)
     if batch.decode:
@@ -37,13 +37,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardB
             kv = kc.shape[1]
             out = F.scaled_dot_product_attention(q.view(n, kv, h // kv, d), kc, vc, attn_mask=mask,
                                                  scale=scale)  # [B, kv, rep, d]
-            return out.reshape(n, h * d)
+            return out.reshape(n, h * dv)
         out = _attend(q[:, :, None, :], kc, vc, mask, causal=False, backend=backend, scale=scale)
-        return out.reshape(n, h * d)  # [B, 1, h, d] -> [N, h*d]
+        return out.reshape(n, h * dv)  # [B, 1, h, dv] -> [N, h*dv]
     b, s = batch.n_seqs, batch.max_len
     qp, kp, vp = (_pad(t, batch, b, s) for t in (q, k, v))  # [B, heads, S, d]
     out = _attend(qp, kp, vp, None, causal=True, backend=backend, scale=scale)  # [B, S, h, d]
-    out = out.reshape(b * s, h * d)
+    out = out.reshape(b * s, h * dv)
     return out if batch.pad_index is None else out[batch.pad_index]
 
 

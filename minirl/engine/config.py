@@ -10,8 +10,12 @@ the compute code free of ``if arch == ...``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+if TYPE_CHECKING:
+    from minirl.engine.bailing import HybridSpec
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "bailing_hybrid")
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class ModelSpec:
     topk_weights_in_logits_dtype: bool = True
     """Qwen3-MoE casts the routing weights to the router logits dtype before the expert
     multiply; Mixtral keeps them in fp32 (so ``out_bf16 * w_fp32`` is rounded once)."""
+    hybrid: HybridSpec | None = None
+    """BailingHybrid only: linear-attention / MLA layout and sigmoid-routing details."""
 
     @property
     def q_size(self) -> int:
@@ -75,6 +81,9 @@ def spec_from_config(cfg: dict) -> ModelSpec:
     if rope_type != "default":
         raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default' RoPE)")
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    if arch == "bailing_hybrid":  # MLA + linear attention: its own fields (bailing.py)
+        from minirl.engine.bailing import bailing_spec
+        return bailing_spec(cfg, float(theta))
 
     hidden, n_heads = cfg["hidden_size"], cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or hidden // n_heads

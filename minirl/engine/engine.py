@@ -17,6 +17,7 @@ import torch
 
 import kernels
 from minirl.engine.attention import BACKENDS
+from minirl.engine.bailing import BailingTransformer
 from minirl.engine.batch import ForwardBatch
 from minirl.engine.checkpoint import read_config, read_safetensors
 from minirl.engine.config import ModelSpec, spec_from_config
@@ -49,7 +50,8 @@ class Engine:
         self.knobs = knobs if knobs is not None else Knobs.typical_inference()
         self.dtype = resolve_dtype(dtype)
         _check_knobs(self.knobs, self.spec, self.dtype)
-        self.model = Transformer(self.spec, self.knobs, self.dtype)
+        model_cls = BailingTransformer if self.spec.hybrid is not None else Transformer
+        self.model = model_cls(self.spec, self.knobs, self.dtype)
         self._weight_map = WeightMap(self.spec)
         self.model.load(self._weight_map.fuse(hf_weights))
         self._taps: list[Callable] = []
@@ -128,9 +130,8 @@ class Engine:
         budget = (spec.max_positions - plens).clamp(max=params.max_new_tokens)  # [R] new tokens allowed
         t_max = int(budget.max())
         recompute = self.knobs.decode == "recompute"
-        cache = None if recompute else KVCache(
-            spec.n_layers, r_total, int((plens + budget).max()), spec.n_kv_heads, spec.head_dim,
-            resolve_dtype(self.knobs.kv_cache_dtype, self.dtype))
+        cache = None if recompute else self.model.new_cache(
+            r_total, int((plens + budget).max()), resolve_dtype(self.knobs.kv_cache_dtype, self.dtype))
 
         tokens = torch.zeros(r_total, t_max, dtype=torch.long)
         logprobs = torch.zeros(r_total, t_max)

@@ -18,11 +18,12 @@ from minirl.engine.batch import ForwardBatch
 
 class KVCache:
     def __init__(self, n_layers: int, rows: int, capacity: int, n_kv: int, head_dim: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, v_head_dim: int | None = None) -> None:
         shape = (rows, n_kv, capacity, head_dim)
+        v_shape = shape if v_head_dim is None else (rows, n_kv, capacity, v_head_dim)  # MLA: V != K dim
         # zeros, not empty: a shorter row's masked tail is still read, and 0 * NaN would be NaN
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.zeros(v_shape, dtype=dtype) for _ in range(n_layers)]
         self.dtype = dtype
 
     def write(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor) -> None:

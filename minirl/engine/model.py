@@ -100,7 +100,7 @@ class Transformer:
         """-> (logits [len(logits_rows) or N, V] in the lm_head dtype,
         routed expert ids of the emitted rows [M, n_moe_layers, k] or None for dense models)."""
         emit = self._emitter(batch, taps) if taps else None
-        spec, tp = self.spec, self.knobs.tp
+        spec = self.spec
         h = F.embedding(batch.token_ids, self.w["embed"])  # [N, H]
         if emit:
             emit("embed", h)
@@ -125,13 +125,9 @@ class Transformer:
                 emit(p + "resid_mid", residual)
                 emit(p + "mlp_norm", x)
 
-            if lw.router is not None:
-                delta, ids = moe_forward(x, lw.router, lw.experts_gate_up, lw.experts_down, self.moe_cfg,
-                                         emit, p)
+            delta, ids = self._mlp(x, lw, emit, p)
+            if ids is not None:
                 routing.append(ids if batch.emit_rows is None else ids[batch.emit_rows])
-            else:
-                act = silu_mul(F.linear(x, lw.gate_up, lw.gate_up_bias), self.knobs.activation)  # [N, I]
-                delta = row_parallel_linear(act, lw.down, lw.down_bias, tp)
             if emit:
                 emit(p + "mlp_out", delta)
 
@@ -143,6 +139,23 @@ class Transformer:
         if emit:
             emit("logits", logits if logits_rows is None else self.lm_head(y))
         return logits, (torch.stack(routing, dim=1) if routing else None)
+
+    def _mlp(self, x: torch.Tensor, lw: LayerWeights, emit: Callable | None, p: str
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [N, H] -> (delta [N, H], routed expert ids [N, k] or None for a dense layer)."""
+        if lw.router is not None:
+            return moe_forward(x, lw.router, lw.experts_gate_up, lw.experts_down, self.moe_cfg, emit, p)
+        return self._dense_mlp(x, lw.gate_up, lw.gate_up_bias, lw.down, lw.down_bias), None
+
+    def _dense_mlp(self, x: torch.Tensor, gate_up: torch.Tensor, gate_up_bias: torch.Tensor | None,
+                   down: torch.Tensor, down_bias: torch.Tensor | None) -> torch.Tensor:
+        """SwiGLU MLP on the fused gate_up: x [N, H] -> [N, H]."""
+        act = silu_mul(F.linear(x, gate_up, gate_up_bias), self.knobs.activation)  # [N, I]
+        return row_parallel_linear(act, down, down_bias, self.knobs.tp)
+
+    def new_cache(self, rows: int, capacity: int, dtype: torch.dtype) -> KVCache:
+        """The decode cache for ``rows`` sequences of up to ``capacity`` tokens, in ``dtype``."""
+        return KVCache(self.spec.n_layers, rows, capacity, self.spec.n_kv_heads, self.spec.head_dim, dtype)
 
     def _attention(self, x: torch.Tensor, lw: LayerWeights, batch: ForwardBatch, cache: KVCache | None,
                    i: int, emit: Callable | None, p: str) -> torch.Tensor:

@@ -48,7 +48,13 @@ def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, 
         emit(prefix + "router_logits", logits)
         emit(prefix + "topk_ids", ids)
         emit(prefix + "topk_weights", weights)
+    return experts_forward(x, ids, weights, gate_up, down, cfg), ids
 
+
+def experts_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
+    """The routed experts of x [N, H] for ``ids``/``weights`` [N, k] -> [N, H] in x.dtype. Split
+    from the router so architectures with their own scoring (sigmoid + bias) share the dispatch."""
     n, k = ids.shape
     flat = ids.reshape(-1)  # [P] (token, slot) pairs, token-major
     seen = F.one_hot(flat, gate_up.shape[0]).cumsum(0)  # [P, E] pairs routed to each expert so far
@@ -63,7 +69,7 @@ def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, 
         y = groups.ungroup(groups.linear(h[..., cols], down[..., cols])).view(n, k, -1)  # [N, k, H]
         part = _combine(y, weights, ids, cfg.sum_order)  # [N, H]
         out = part if out is None else out + part  # all-reduce in rank order
-    return out, ids
+    return out
 
 
 def _padding_is_cheap(seen: torch.Tensor) -> bool:

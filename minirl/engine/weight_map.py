@@ -58,6 +58,9 @@ class WeightMismatchError(ValueError):
 
 
 def _recipes(spec: ModelSpec) -> list[Recipe]:
+    if spec.hybrid is not None:  # BailingHybrid: MLA + linear-attention tensors (bailing.py)
+        from minirl.engine.bailing import bailing_recipes
+        return bailing_recipes(spec)
     h, q, kv, hd = spec.hidden_size, spec.q_size, spec.kv_size, spec.head_dim
     out = [Recipe("embed", (Layout((("model.embed_tokens.weight", (spec.vocab_size, h)),), _one),)),
            Recipe("final_norm", (Layout((("model.norm.weight", (h,)),), _one),))]
