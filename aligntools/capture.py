@@ -79,7 +79,7 @@ class Capture:
         Written variable by variable with ``complete=0`` and flipped at the end, so an
         interrupted save is recognisable as partial when loaded.
         """
-        ds = self.dataset
+        ds = self.dataset.load()  # a lazily loaded capture may be saved over its own file
         specs = {str(n): VarSpec(tuple(map(str, v.dims)), v.dtype, dict(v.attrs)) for n, v in ds.variables.items()}
         store = open_store(path, {**ds.attrs, "complete": 0})
         rows = {n: np.asarray(v.values) for n, v in ds.variables.items() if v.dims[:1] == (TOKEN,)}

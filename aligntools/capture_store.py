@@ -56,11 +56,17 @@ class Store(Protocol):
 
 
 def open_store(path: str | os.PathLike | None, attrs: dict) -> Store:
-    """A store for ``path``: ``None`` keeps rows in memory, ``*.zarr`` (or an existing
-    directory) writes zarr, anything else writes netCDF4 through h5netcdf."""
+    """A store for ``path``: ``None`` keeps rows in memory, ``*.zarr`` (or an existing zarr
+    capture directory) writes zarr, anything else writes netCDF4 through h5netcdf.
+
+    Any other existing directory is refused: opening it as zarr would wipe what is in it.
+    """
     if path is None:
         return MemoryStore(attrs)
     p = Path(path)
+    if p.is_dir() and not (p / "zarr.json").exists() and not (p / ".zgroup").exists():
+        raise CaptureWriteError(f"{p} is an existing directory that is not a zarr capture; refusing to "
+                                f"overwrite it. Give a file path (cap.nc) or a new or existing *.zarr capture path")
     if p.suffix == ".zarr" or p.is_dir():
         return ZarrStore(p, attrs)
     return NetCDFStore(p, attrs)

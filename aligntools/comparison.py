@@ -102,8 +102,7 @@ class Comparison(SiteVerdict):
     def growth(self) -> pd.DataFrame:
         """``divergence.growth`` over the gated sites (error, limit, upstream, jumps)."""
         gated = {s: r for s, r in self.results.items() if r.basis in GATED_BASES}
-        err = pd.Series({s: np.inf if r.summary.get("nonfinite_mismatch", 0) > 0 else r.summary["rel_l2"]
-                         for s, r in gated.items()}, dtype=float)
+        err = pd.Series({s: _gated_error(s, r.summary) for s, r in gated.items()}, dtype=float)
         lim = pd.Series({s: self.tolerance.limit(s, r.dtype) for s, r in gated.items()}, dtype=float)
         return growth(err, lim, self.threshold)
 
@@ -179,3 +178,17 @@ class Comparison(SiteVerdict):
         fd = self.first_divergence.site if self.first_divergence else None
         return (f"Comparison({len(self.results)} sites, {len(self.alignment)} tokens, "
                 f"passes={self.passes}, first_divergence={fd!r})")
+
+
+# Sites an engine may legitimately leave out for some tokens (the Tracker fills those rows
+# with NaN): logits of prompt rows under ``generate``, logprobs of a token with no successor.
+SPARSE_SITES = ("logits", "logprobs", "entropy")
+
+
+def _gated_error(site: str, summary: dict) -> float:
+    """rel_l2, or inf when values are non-finite on one side only. At every other site a row
+    that is NaN on one side only is a NaN blow-up, not a missing row: it must fail."""
+    one_sided = summary.get("missing_a", 0) + summary.get("missing_b", 0)
+    if summary.get("nonfinite_mismatch", 0) > 0 or (one_sided > 0 and S.parse(site).kind not in SPARSE_SITES):
+        return np.inf
+    return summary["rel_l2"]

@@ -195,6 +195,10 @@ class BailingTransformer(Transformer):
     def _store_dtype(self, name: str) -> torch.dtype:
         return torch.float32 if name.endswith(FP32_WEIGHTS) else super()._store_dtype(name)
 
+    def _round_dtype(self, name: str) -> torch.dtype:
+        # transformers keeps these exact (``_keep_in_fp32_modules_strict``): never round them.
+        return torch.float32 if name.endswith(FP32_WEIGHTS) else super()._round_dtype(name)
+
     def new_cache(self, rows: int, capacity: int, dtype: torch.dtype) -> HybridCache:
         return HybridCache(self.spec, rows, capacity, dtype)
 

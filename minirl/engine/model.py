@@ -84,12 +84,17 @@ class Transformer:
         """
         with torch.no_grad():
             if not self.w:
-                self.w = {n: t.to(self.weight_dtype).to(self._store_dtype(n), copy=True).contiguous()
+                self.w = {n: t.to(self._round_dtype(n)).to(self._store_dtype(n), copy=True).contiguous()
                           for n, t in fused.items()}
                 self.layers = [self._layer(i) for i in range(self.spec.n_layers)]
                 return
             for n, t in fused.items():
-                self.w[n].copy_(t.to(self.weight_dtype))
+                self.w[n].copy_(t.to(self._round_dtype(n)))
+
+    def _round_dtype(self, name: str) -> torch.dtype:
+        """The precision a weight is rounded to on load: the weight dtype, unless the
+        architecture keeps that tensor exact (see ``BailingTransformer``)."""
+        return self.weight_dtype
 
     def _layer(self, i: int) -> LayerWeights:
         return LayerWeights(**{f.name: self.w.get(f"L{i}.{f.name}") for f in dataclasses.fields(LayerWeights)})

@@ -129,3 +129,19 @@ def test_attrs_follow_the_contract(caps, zoo):
         assert key in ds.attrs
     assert ds.attrs["model_hash"] == weights_hash(zoo("tiny-qwen3-moe"))
     assert ds["L0.q"].attrs["dtype"] == "float32" and ds["L0.q"].dtype == np.float32
+
+
+def test_saving_into_a_plain_directory_refuses_and_keeps_its_files(caps, tmp_path):
+    keep = tmp_path / "runs"
+    keep.mkdir()
+    (keep / "important.txt").write_text("user data")
+    with pytest.raises(CaptureWriteError, match="not a zarr capture"):
+        caps["tensor"].save(keep)
+    assert (keep / "important.txt").read_text() == "user data"
+
+
+def test_lazy_capture_saved_over_its_own_zarr_keeps_its_data(caps, tmp_path):
+    path = tmp_path / "cap.zarr"
+    caps["tensor"].save(path)
+    Capture.load(path, lazy=True).save(path)
+    xr.testing.assert_identical(Capture.load(path).dataset, caps["tensor"].dataset)
