@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from labs.corpus import training_texts
+from labs.corpus import CORPUS_FILE, training_texts
 from labs.tokenizer import build_tokenizer
 
 ZOO_FORMAT = 1  # bump when the build recipe changes, so caches rebuild
@@ -118,8 +118,13 @@ def _spec(name: str) -> ZooSpec:
 
 
 def _fingerprint(name: str, spec: ZooSpec, seed: int) -> str:
-    blob = json.dumps([ZOO_FORMAT, name, seed, spec.config_class, spec.config, spec.train_steps, spec.train],
-                      sort_keys=True)
+    """Everything a build depends on: recipe, seed, training text, and the transformers version
+    (its initialisation defines the weights), so a stale cache is never reused."""
+    import transformers
+
+    corpus = hashlib.sha256(CORPUS_FILE.read_bytes()).hexdigest()
+    blob = json.dumps([ZOO_FORMAT, name, seed, spec.config_class, spec.config, spec.train_steps, spec.train,
+                       corpus, transformers.__version__], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -21,8 +21,7 @@ class ModulePathAdapter(HFAdapter):
     """Raw module paths (``"blocks.0.ff"``) as sites; layout and running as in HFAdapter."""
 
     def __init__(self, model: nn.Module) -> None:
-        super().__init__(model, ModelRoles(layers=[], embed=None, final_norm=None, lm_head=None,
-                                           layers_path=""), engine="module")
+        super().__init__(model, ModelRoles(layers=[], embed=None, final_norm=None, lm_head=None), engine="module")
         self._paths = {path: mod for path, mod in model.named_modules() if path}
 
     def available_sites(self) -> list[str]:

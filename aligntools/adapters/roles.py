@@ -43,11 +43,6 @@ class ModelRoles:
     embed: nn.Module | None
     final_norm: nn.Module | None
     lm_head: nn.Module | None
-    layers_path: str  # e.g. "model.layers"
-
-    @property
-    def moe_layers(self) -> set[int]:
-        return {lr.index for lr in self.layers if lr.router is not None}
 
 
 def is_attention(m: nn.Module) -> bool:
@@ -70,7 +65,7 @@ def find_roles(model: nn.Module, config: object | None = None) -> ModelRoles | N
     layers = [_layer_roles(i, layer, n_experts) for i, layer in enumerate(stack)]
     holder = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
     return ModelRoles(layers=layers, embed=_embed(model, holder), final_norm=_child(holder, FINAL_NORM_NAMES),
-                      lm_head=_lm_head(model), layers_path=path)
+                      lm_head=_lm_head(model))
 
 
 def _attention_child(layer: nn.Module) -> nn.Module | None:

@@ -28,7 +28,7 @@ from minirl.engine.moe import SUM_ORDERS
 from minirl.engine.ops import ACTIVATIONS, resolve_dtype
 from minirl.engine.rollout import Rollout
 from minirl.engine.sampling import SamplingParams, sample
-from minirl.engine.tap import TapHandle
+from minirl.engine.tap import Tap, TapHandle
 from minirl.engine.weight_map import WeightMap
 
 DECODE_MODES = ("incremental", "recompute")
@@ -82,7 +82,7 @@ class Engine:
     def moe_layers(self) -> list[int]:
         return list(self.spec.moe_layers)
 
-    def add_tap(self, fn: Callable) -> TapHandle:
+    def add_tap(self, fn: Tap) -> TapHandle:
         """Call ``fn(site, value, meta)`` at every site (aligntools.sites), prefill and decode."""
         self._taps.append(fn)
         return TapHandle(self._taps, fn)
@@ -258,6 +258,9 @@ def _check_knobs(knobs: Knobs, spec: ModelSpec, dtype: torch.dtype) -> None:
         if getattr(knobs, name) not in kernels.variants(op):
             raise ValueError(f"knob {name}={getattr(knobs, name)!r} is not a kernels {op} variant; "
                              f"valid: {kernels.variants(op)}")
+        if getattr(knobs, name) == "triton":  # the engine runs on CPU, where Triton cannot launch
+            raise ValueError(f"knob {name}='triton' needs a GPU and the engine runs on CPU; use its "
+                             f"torch twin {name}={kernels.TORCH_TWIN[op]!r} (same numerics)")
     for name in ("weight_dtype", "lm_head_dtype", "router_dtype", "kv_cache_dtype", "rope_cache_dtype"):
         resolve_dtype(getattr(knobs, name), dtype)
     sizes = {"attention heads": spec.n_heads, "intermediate_size": spec.intermediate_size}

@@ -25,8 +25,9 @@ class Knobs:
     rmsnorm: str = "fused_add"
     """kernels rmsnorm variant. ``fused_add``: residual add + norm fused in the activation
     dtype (vLLM/SGLang ``fused_add_rms_norm``). ``hf``: fp32 compute, cast to input dtype
-    before the weight multiply (transformers). ``fp32_residual``: Ring-linear 5.2.1 aligned
-    setting (fp32 compute, fp32 residual, unfused). ``bf16_compute``: everything in bf16."""
+    before the weight multiply (transformers). ``fp32_residual``: what Ring-linear 5.2.1 recommends
+    for *both* sides (fp32 compute, fp32 residual, unfused; not what ``aligned()`` uses, which
+    follows the transformers trainer). ``bf16_compute``: everything in bf16."""
 
     rmsnorm_eps: float | None = None
     """None reads eps from config.json; a number overrides it (Ring-linear 5.2.1: "the
@@ -67,16 +68,19 @@ class Knobs:
     Ring-linear 5.2.1 KV Cache: a bf16 recurrent state accumulates error, fp32 does not."""
 
     lm_head_dtype: str = "act"
-    """dtype of the lm_head GEMM and log-softmax. Ring-linear 5.2.1 LM Head: softmax is
-    precision sensitive, use FP32."""
+    """dtype of the lm_head GEMM (the log-softmax always runs in fp32 on its output).
+    Ring-linear 5.2.1 LM Head: softmax is precision sensitive, use FP32."""
 
     router_dtype: str = "act"
-    """dtype of the MoE router GEMM + scoring. Ring-linear 5.2.1 MoE: "maintaining high
+    """dtype of the MoE router GEMM (scoring always runs in fp32 on its output; BailingHybrid's
+    router GEMM is always fp32, as in transformers). Ring-linear 5.2.1 MoE: "maintaining high
     precision in router computation"."""
 
     topk: str = "unstable"
     """kernels router_topk variant: ``unstable`` reproduces order-dependent tie breaks
-    (torch.topk on GPU); ``stable`` breaks ties by lowest expert id (Ring-linear 5.2.1 MoE)."""
+    (torch.topk on GPU); ``stable`` breaks ties by lowest expert id (Ring-linear 5.2.1 MoE);
+    ``torch`` is plain torch.topk (stock transformers). Softmax-routed models only: BailingHybrid's
+    group-limited sigmoid routing always uses torch.topk, as transformers does."""
 
     expert_sum_order: str = "topk_slot"
     """How the k expert outputs of a token are weighted and summed. ``topk_slot`` (fused MoE,
@@ -121,7 +125,7 @@ class Knobs:
 
     @classmethod
     def hf_exact(cls) -> "Knobs":
-        """Bit-for-bit stock transformers in any dtype: ``aligned()`` but with lm_head and router
+        """Bit-for-bit stock transformers in any dtype (softmax-routed and dense models): ``aligned()`` but with lm_head and router
         in the activation dtype and plain ``torch.topk`` (its tie order), as an unmodified HF
         trainer computes them. ``aligned()``
         keeps those in fp32 (Ring-linear 5.2.1 recommends fp32 there on *both* sides), which

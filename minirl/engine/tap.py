@@ -31,7 +31,8 @@ class TapMeta:
 
 class Tap(Protocol):
     def __call__(self, site: str, value: torch.Tensor, meta: TapMeta) -> None:
-        """``value`` is [N, ...] in the engine's own dtype; do not modify it in place."""
+        """``value`` is [N, ...] in the dtype the engine computed it in (e.g.
+        ``logits`` in ``lm_head_dtype``); do not modify it in place."""
 
 
 class TapHandle:

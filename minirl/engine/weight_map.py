@@ -127,9 +127,6 @@ class WeightMap:
         self.spec = spec
         self.recipes = _recipes(spec)
 
-    def targets(self) -> list[str]:
-        return [r.target for r in self.recipes]
-
     def fuse(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Validate ``hf`` completely, then return {engine name: fused tensor}.
 

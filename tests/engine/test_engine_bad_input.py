@@ -62,3 +62,8 @@ def test_unsupported_architecture_names_the_supported_list(zoo, tmp_path):
 def test_bad_knobs(engine, changes, message):
     with pytest.raises(ValueError, match=message):
         engine("tiny-qwen3-moe", knobs=Knobs().replace(**changes))
+
+
+def test_triton_knob_on_the_cpu_engine_names_the_torch_twin(zoo):
+    with pytest.raises(ValueError, match="torch twin"):
+        Engine.from_pretrained(zoo("tiny-llama"), knobs=Knobs.aligned().replace(rmsnorm="triton"))
