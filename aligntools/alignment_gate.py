@@ -271,8 +271,8 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
     """Run the gate (see the module docstring). Usage errors raise ``GateUsageError``.
 
     ``train``: ``hf`` (float32) or ``hf:bfloat16``. ``infer``: ``minirl[:PRESET][,knob=value]``
-    with presets ``typical`` (default) and ``aligned``. ``dtype``: the inference side's dtype
-    (default bfloat16 for typical, float32 for aligned). ``tokens``: built-in text token count
+    with presets ``typical`` (default), ``aligned`` and ``hf_exact``. ``dtype``: the inference
+    side's dtype (default bfloat16 for typical, float32 for the aligned presets). ``tokens``: built-in text token count
     or ids [B, S]. ``tolerance``: a Tolerance or a JSON file overriding the per-site rules.
     """
     from tqdm.auto import tqdm

@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run one teacher-forced forward (hf) or score (minirl) and save the captured sites "
                     "as netCDF (.nc) or zarr (.zarr), readable later without the model.")
     p.add_argument("--model", required=True, help="HF checkpoint directory (config.json + *.safetensors)")
-    p.add_argument("--engine", default="hf", help="hf[:DTYPE] or minirl[:aligned|typical][,knob=value...]")
+    p.add_argument("--engine", default="hf", help="hf[:DTYPE] or minirl[:aligned|typical|hf_exact][,knob=value...]")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="text to tokenize with the checkpoint's tokenizer")
     src.add_argument("--ids", help="JSON file: a list of token-id lists")

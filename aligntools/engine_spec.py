@@ -2,8 +2,8 @@
 
 One grammar for every CLI that names an engine (``mlab capture``, ``mlab check``):
 ``NAME[:PRESET][,knob=value...]`` (the first item after ``:`` may itself be a knob). For
-``hf`` the preset is a dtype; for ``minirl`` it is a Knobs preset (``aligned`` or
-``typical``) and the overrides are Knobs fields, converted from text with the field's type.
+``hf`` the preset is a dtype; for ``minirl`` it is a Knobs preset (``typical``, ``aligned``
+or ``hf_exact``) and the overrides are Knobs fields, converted from text with the field's type.
 """
 
 from __future__ import annotations

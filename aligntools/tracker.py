@@ -95,9 +95,11 @@ class Tracker:
 
     def _attrs(self) -> dict:
         info = self.adapter.describe()
+        path = info.get("model_path")  # lets replay() find the weights without being told
         return {"engine": self.adapter.engine, "dtype": info["dtype"], "knobs": json.dumps(info["knobs"]),
                 "versions": json.dumps(library_versions()), "model_hash": info["model_hash"],
-                "sites_requested": ",".join(self.sites), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                "sites_requested": ",".join(self.sites), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                **({"model_path": str(path)} if path and os.path.isdir(path) else {})}
 
 
 def _load_partial(path: str | os.PathLike) -> Capture:

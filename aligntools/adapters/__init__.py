@@ -1,8 +1,8 @@
 """Engine adapters: pick the one that knows a capture target.
 
-Dispatch is by capability, not by import: nothing here imports nnsight, minirl, vllm or
-sglang; a target is recognised by what it has (``add_tap`` for the minirl engine, an
-nnsight envoy's ``_module``, a vLLM ``LLM``'s ``llm_engine``).
+Nothing here imports nnsight, minirl, vllm or sglang at import time: the minirl engine and
+nnsight models are recognised by what they have (``add_tap``, an envoy's ``_module``), vLLM
+and SGLang objects by the module their type comes from.
 """
 
 from __future__ import annotations

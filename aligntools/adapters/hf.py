@@ -212,7 +212,8 @@ class HFAdapter(Adapter):
         if impl is not None:
             knobs["attn_implementation"] = impl
         path = getattr(self.model, "name_or_path", None) or getattr(self.config, "_name_or_path", None)
-        return {"dtype": _dtype(self.model), "knobs": knobs, "model_hash": model_hash(self.model, path or None)}
+        return {"dtype": _dtype(self.model), "knobs": knobs, "model_hash": model_hash(self.model, path or None),
+                "model_path": path or None}
 
 
 def _out_hook(module: nn.Module, emit: Callable[[torch.Tensor], None]):

@@ -68,4 +68,5 @@ class MinirlAdapter(Adapter):
         model = getattr(eng, "model", None)
         return {"dtype": str(eng.dtype).removeprefix("torch."), "knobs": eng.knobs.to_dict(),
                 "model_hash": model_hash(model if isinstance(model, torch.nn.Module) else None,
-                                         getattr(eng, "path", None))}
+                                         getattr(eng, "path", None)),
+                "model_path": getattr(eng, "path", None)}

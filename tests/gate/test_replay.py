@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from aligntools import capture, replay
+from aligntools import Capture, capture, replay
 
 SITES = "embed,L*.resid_mid,L*.resid_post,L*.attn_norm,L*.mlp_norm,L1.q,L1.k,L1.router_logits,L1.topk_*,final_norm,logits"
 
@@ -33,6 +33,14 @@ def test_replay_takes_the_weights_from_a_model_object(hf_capture):
     assert replay(cap, "L1.attn_norm", "hf", model=model).errors["max_abs"] == 0.0
 
 
+def test_replay_finds_the_checkpoint_through_the_capture_attrs(hf_capture, moe, tmp_path):
+    cap, _ = hf_capture
+    assert cap.dataset.attrs["model_path"] == str(moe)
+    cap.save(tmp_path / "cap.nc")  # readable without the model: the path travels with the file
+    loaded = type(cap).load(tmp_path / "cap.nc")
+    assert replay(loaded, "L1.attn_norm", "hf").errors["max_abs"] == 0.0
+
+
 def test_rope_router_and_lm_head_replays(hf_capture, moe):
     cap, _ = hf_capture
     assert replay(cap, "L1.q", "hf", model=moe).errors["rel_l2"] < 1e-6
@@ -48,8 +56,10 @@ def test_unsupported_site_lists_the_supported_ones(hf_capture, moe):
         replay(cap, "L0.attn_out", "hf", model=moe)
     with pytest.raises(ValueError, match="variants"):
         replay(cap, "L0.attn_norm", "nope", model=moe)
+    anonymous = cap.dataset.copy()
+    del anonymous.attrs["model_path"]
     with pytest.raises(ValueError, match="model="):
-        replay(cap, "L0.attn_norm", "hf")
+        replay(Capture(anonymous), "L0.attn_norm", "hf")
 
 
 def test_replay_reproduces_an_inference_engine_capture(moe):
