@@ -308,6 +308,7 @@ def stats_rows(sa: np.ndarray, sb: np.ndarray) -> dict[str, np.ndarray]:
         "mean_abs": np.abs(g(sb, "mean") - g(sa, "mean")),
         "rel_l2": rel,
         "l2_a": g(sa, "l2"),
+        "dl2": dl2,
         "exact": exact,
         "nonfinite_a": nonfinite_a,
         "nonfinite_b": nonfinite_b,
@@ -316,10 +317,10 @@ def stats_rows(sa: np.ndarray, sb: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def stats_summary(rows: dict[str, np.ndarray]) -> dict[str, float]:
-    """Site-level lower bounds from ``stats_rows`` (drops its helper column ``l2_a``).
+    """Site-level lower bounds from ``stats_rows`` (drops its helper columns ``l2_a``, ``dl2``).
     Rows whose stats are NaN (not emitted on a side) are left out."""
     l2a = rows.pop("l2_a")
-    dl2 = rows["rel_l2"] * l2a  # per-token | ||b|| - ||a|| |, a lower bound of ||b - a||
+    dl2 = rows.pop("dl2")  # per-token | ||b|| - ||a|| |, a lower bound of ||b - a|| (also when ||a|| = 0)
     ok = np.isfinite(dl2)
     return {
         "max_abs": float(np.nanmax(rows["max_abs"], initial=0.0)),

@@ -91,3 +91,13 @@ def test_moe_and_dense_captures_of_different_sizes():
     b = b.assign_coords(token_id=a["token_id"])
     cmp = aligntools.compare(a, b)
     assert "L0.router_logits" in cmp.only_a and len(cmp.routing) == 0
+
+
+def test_stats_mode_sees_an_error_on_rows_where_the_trusted_side_is_zero():
+    a = make_capture(seed=0)
+    a["L1.mlp_out"][:3] = 0.0  # e.g. a padded or masked row that is exactly zero on the trainer
+    b = a.copy(deep=True)
+    b["L1.mlp_out"][:3] = 5.0
+    cmp = aligntools.compare(to_stats(a), to_stats(b))
+    assert cmp.table.loc["L1.mlp_out", "rel_l2"] > 0
+    assert "L1.mlp_out" in cmp.failures
