@@ -225,9 +225,17 @@ def _router_gemm(ds, s, impl: str, dtype: torch.dtype, w: _Weights) -> torch.Ten
     return F.linear(x, _gate_weight(w, s.layer).to(dtype)).float()  # [N, E]
 
 
+SOFTMAX_ROUTED = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")  # softmax over experts, top-k, renorm
+
+
 def _topk(ds, s, impl: str, dtype: torch.dtype, w: _Weights) -> torch.Tensor:
     """Selection from the captured router logits; ``dtype`` is the scoring compute dtype."""
     fn = _check_impl("router_topk", "stable" if impl == "reference" else impl)
+    model_type = w.config.get("model_type")
+    if model_type not in SOFTMAX_ROUTED:
+        raise ValueError(f"replay of {s} supports softmax routers ({', '.join(SOFTMAX_ROUTED)}); "
+                         f"{model_type!r} routes otherwise (e.g. sigmoid + correction bias): replay "
+                         f"L{s.layer}.router_logits instead")
     logits = _tensor(ds, f"L{s.layer}.router_logits")  # [N, E]
     k = int(w.config.get("num_experts_per_tok", 2))
     renorm = bool(w.config.get("norm_topk_prob", True))

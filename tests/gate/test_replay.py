@@ -72,3 +72,13 @@ def test_replay_reproduces_an_inference_engine_capture(moe):
         errors = replay(cap, site, impl, model=moe).errors
         assert errors.get("max_abs", errors.get("set_flip")) == 0.0, (site, errors)
     assert replay(cap, "L1.attn_norm", "bf16_compute", model=moe).errors["rel_l2"] > 1e-4
+
+
+def test_topk_replay_refuses_a_sigmoid_routed_model(zoo):
+    from minirl import Engine, Knobs
+
+    path = zoo("tiny-ring-linear")
+    engine = Engine.from_pretrained(path, dtype="float32", knobs=Knobs.aligned())
+    cap = capture(engine, torch.arange(3, 15).view(1, 12), sites="L1.router_logits,L1.topk_ids")
+    with pytest.raises(ValueError, match="softmax routers"):
+        replay(cap, "L1.topk_ids", "stable", model=path)
