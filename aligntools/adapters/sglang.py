@@ -22,7 +22,9 @@ class SglangAdapter(FusedModuleAdapter):
     def __init__(self, runner: object) -> None:
         self.runner = runner
         self._batch = None
-        self._steps: dict[int, int] = {}
+        self._steps: dict[int, int] = {}  # pool slot -> decode step of the request in it
+        self._request: dict[int, int] = {}  # pool slot -> capture request id (slots are reused)
+        self._next_request = 0
         super().__init__(runner.model, runner.model_config.hf_config, self._layout)
 
     def attach(self, recorder) -> None:
@@ -47,11 +49,14 @@ class SglangAdapter(FusedModuleAdapter):
             lens = [1] * len(slots)
             for s in slots:
                 self._steps[s] = self._steps.get(s, 0) + 1
-        else:
+        else:  # a prefill starts a new request, even in a slot an earlier request used
             lens = fb.extend_seq_lens.tolist()
             self._steps.update({s: 0 for s in slots})
+            for s in slots:
+                self._request[s], self._next_request = self._next_request, self._next_request + 1
         qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
-        return flat_meta(fb.input_ids, fb.positions, qsl, slots, [self._steps[s] for s in slots])
+        return flat_meta(fb.input_ids, fb.positions, qsl, [self._request[s] for s in slots],
+                         [self._steps[s] for s in slots])
 
     def run(self, input_ids: torch.Tensor) -> None:
         raise NotImplementedError("drive the SGLang ModelRunner yourself (e.g. its bench_one_batch "

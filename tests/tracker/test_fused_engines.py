@@ -73,3 +73,29 @@ def test_fused_module_capture_equals_hf_capture(vllm_model, hf_model, ids):
             np.testing.assert_array_equal(a, b, err_msg=s)
         else:
             np.testing.assert_allclose(a, b, rtol=0, atol=2e-5, err_msg=s)
+
+
+def test_sglang_layout_gives_a_reused_pool_slot_a_new_request(vllm_model, hf_model):
+    """SGLang reuses request-pool slots: a new prefill in slot 0 must not merge with the
+    request that used slot 0 before (same positions, different tokens)."""
+    from types import SimpleNamespace
+
+    from aligntools.adapters.sglang import SglangAdapter
+
+    runner = SimpleNamespace(model=vllm_model, model_config=SimpleNamespace(hf_config=hf_model("tiny-qwen3-moe").config))
+    adapter = SglangAdapter(runner)
+
+    def batch(decode: bool, slots: list[int], ids: list[int], pos: list[int], lens: list[int]):
+        mode = SimpleNamespace(is_decode=lambda: decode)
+        return SimpleNamespace(forward_mode=mode, req_pool_indices=torch.tensor(slots), input_ids=torch.tensor(ids),
+                               positions=torch.tensor(pos), extend_seq_lens=torch.tensor(lens))
+
+    requests = []
+    for fb in (batch(False, [0, 1], [5, 6, 7, 8], [0, 1, 0, 1], [2, 2]),  # two prefills
+               batch(True, [0, 1], [9, 10], [2, 2], [1, 1]),  # one decode step each
+               batch(False, [0], [11, 12], [0, 1], [2])):  # slot 0 reused by a new request
+        adapter._batch = fb
+        requests.append([(meta.step, sorted(set(meta.request.tolist()))) for _, meta in adapter._layout((), {})])
+    assert requests[0] == [(0, [0, 1])]
+    assert requests[1] == [(1, [0, 1])]
+    assert requests[2] == [(0, [2])]  # a fresh id, not request 0 again
