@@ -66,6 +66,7 @@ class Recorder:
         self._stored_bytes = 0
         self._flushed = 0  # rows [0, _flushed) are in the store
         self._done = 0  # rows [0, _done) belong to finished steps
+        self._step_flush = True  # False once an engine marks forwards (steps may interleave)
         self._step_key: tuple[int, int] | None = None
         self._call = -1
         self._req_offset = 0
@@ -90,6 +91,16 @@ class Recorder:
         self._meta_cache = None
         if self._derive:
             self._derive = NextTokenLogprobs()  # earlier calls' last rows never get a next token
+
+    def forward_boundary(self) -> None:
+        """A new forward starts: every row seen so far is complete and may be flushed.
+
+        For engines that mix requests at different decode steps inside one forward (vLLM/SGLang
+        continuous batching), where a change of step does not mean the previous step is done.
+        """
+        self._step_flush = False
+        self._done = len(self._coords["step"])
+        self._maybe_flush()
 
     def emit(self, site: str, value: torch.Tensor, meta: TokenMetaLike) -> None:
         """Record ``value`` [N, ...] (the engine's dtype, N = len(meta.request))."""
@@ -139,7 +150,7 @@ class Recorder:
                 self._token_of[(r, p)] = t
                 self._resolve_late(r, p, t)
         idx = range(len(request)) if keep is None else keep.tolist()
-        if (self._call, step) != self._step_key:
+        if self._step_flush and (self._call, step) != self._step_key:
             self._step_key = (self._call, step)
             self._done = len(self._coords["step"])
             self._maybe_flush()

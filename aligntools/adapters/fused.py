@@ -160,6 +160,7 @@ class FusedModuleAdapter(Adapter):
 
     def attach(self, recorder: Recorder) -> None:
         need = recorder.needed
+        self._recorder = recorder
         self._handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
         for p in self.plan:
             names = {k: k if p.layer is None else f"L{p.layer}.{k}" for k in p.kinds}
@@ -168,6 +169,7 @@ class FusedModuleAdapter(Adapter):
                     lambda m, a, o, p=p, names=names: self._emit(recorder, need, names, p.read(a, o))))
 
     def _begin(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._recorder.forward_boundary()  # steps interleave inside a forward: flush between forwards
         self._rows = self.layout(args, kwargs)
 
     def _emit(self, rec: Recorder, need: set[str], names: dict[str, str], values: dict[str, torch.Tensor]) -> None:

@@ -99,3 +99,20 @@ def test_sglang_layout_gives_a_reused_pool_slot_a_new_request(vllm_model, hf_mod
     assert requests[0] == [(0, [0, 1])]
     assert requests[1] == [(1, [0, 1])]
     assert requests[2] == [(0, [2])]  # a fresh id, not request 0 again
+
+
+def test_streamed_capture_keeps_every_row_when_a_forward_mixes_steps(vllm_model, ids, tmp_path):
+    """Continuous batching: one forward holds request 0's prefill (step 0) and request 1 at a
+    decode step (step 3). Streaming with a tiny flush threshold must still write every row."""
+    def mixed_layout(args, kwargs):
+        input_ids, positions, qsl = args
+        return flat_meta(input_ids, positions, qsl, [0, 1], [0, 3])
+
+    adapter = FusedModuleAdapter(vllm_model, vllm_model.config, mixed_layout)
+    flat, positions = ids.reshape(-1), torch.arange(7).repeat(2)
+    with aligntools.Tracker(adapter, out=tmp_path / "cap.nc", flush_bytes=1) as tracker, torch.no_grad():
+        vllm_model(flat, positions, torch.tensor([0, 7, 14]))
+        vllm_model(flat, positions, torch.tensor([0, 7, 14]))  # a second forward: flushes the first
+    cap = aligntools.Capture.load(tmp_path / "cap.nc")
+    for site in ("L0.attn_norm", "L1.mlp_out", "L3.resid_post"):
+        assert not np.isnan(cap.dataset[site].values).any(), site
