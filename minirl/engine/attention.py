@@ -41,19 +41,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardB
         out = _attend(q[:, :, None, :], kc, vc, mask, causal=False, backend=backend, scale=scale)
         return out.reshape(n, h * dv)  # [B, 1, h, dv] -> [N, h*dv]
     b, s = batch.n_seqs, batch.max_len
-    qp, kp, vp = (_pad(t, batch, b, s) for t in (q, k, v))  # [B, heads, S, d]
+    qp, kp, vp = (pad_rows(t, batch, b, s).transpose(1, 2) for t in (q, k, v))  # [B, heads, S, d]
     out = _attend(qp, kp, vp, None, causal=True, backend=backend, scale=scale)  # [B, S, h, d]
     out = out.reshape(b * s, h * dv)
     return out if batch.pad_index is None else out[batch.pad_index]
 
 
-def _pad(t: torch.Tensor, batch: ForwardBatch, b: int, s: int) -> torch.Tensor:
-    """Flat [N, heads, d] -> right-padded [B, heads, S, d]."""
+def pad_rows(t: torch.Tensor, batch: ForwardBatch, b: int, s: int) -> torch.Tensor:
+    """Flat [N, ...] -> right-padded [B, S, ...] (zeros past each row's length)."""
     if batch.pad_index is None:  # equal lengths: the flat layout already is [B, S]
-        return t.reshape(b, s, *t.shape[1:]).transpose(1, 2)
+        return t.reshape(b, s, *t.shape[1:])
     out = t.new_zeros(b * s, *t.shape[1:])
     out[batch.pad_index] = t
-    return out.view(b, s, *t.shape[1:]).transpose(1, 2)
+    return out.view(b, s, *t.shape[1:])
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,

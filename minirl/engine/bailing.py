@@ -15,14 +15,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minirl.engine.attention import attention
+from minirl.engine.attention import attention, pad_rows
 from minirl.engine.batch import ForwardBatch
-from minirl.engine.config import ModelSpec
+from minirl.engine.config import ModelSpec, eos_token_ids
 from minirl.engine.knobs import Knobs
 from minirl.engine.kv_cache import KVCache
 from minirl.engine.linear_attention import causal_conv, delta_rule
 from minirl.engine.model import LayerWeights, Transformer
-from minirl.engine.moe import experts_forward
+from minirl.engine.moe import emit_routing, experts_forward
 from minirl.engine.ops import row_parallel_linear
 from minirl.engine.weight_map import Layout, Recipe, _cat, _moe_recipes, _one
 
@@ -65,7 +65,6 @@ def bailing_spec(cfg: dict, theta: float) -> ModelSpec:
                                        else "linear_attention" for i in range(n)]
     mlp_types = cfg.get("mlp_layer_types") or ["dense" if i < cfg.get("first_k_dense_replace", 2) else "sparse"
                                                for i in range(n)]
-    eos = cfg.get("eos_token_id")
     moe_size = cfg["moe_intermediate_size"]
     hybrid = HybridSpec(
         layer_types=tuple(types), linear_heads=cfg.get("linear_num_heads", n_heads),
@@ -84,7 +83,7 @@ def bailing_spec(cfg: dict, theta: float) -> ModelSpec:
         max_positions=cfg.get("model_max_length") or cfg["max_position_embeddings"],
         qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (eos,),
+        eos_token_ids=eos_token_ids(cfg),
         moe_layers=tuple(i for i, t in enumerate(mlp_types) if t == "sparse"),
         n_experts=cfg.get("num_experts") or cfg["num_local_experts"],
         top_k=cfg.get("num_experts_per_token") or cfg["num_experts_per_tok"], moe_intermediate_size=moe_size,
@@ -251,7 +250,7 @@ class BailingTransformer(Transformer):
             padded, state, lens = mixed[:, None], cache.state[j][rows], None  # [B, 1, 3D]
         else:
             b, s = batch.n_seqs, batch.max_len
-            xp = _pad(qkv, batch, b, s).transpose(1, 2)  # [B, 3D, S]
+            xp = pad_rows(qkv, batch, b, s).transpose(1, 2)  # [B, 3D, S]
             padded = causal_conv(xp, w[p + "conv"], None).transpose(1, 2)  # [B, S, 3D]
             lens = torch.tensor(batch.seq_lens)
             state = torch.zeros(b, nh, dk, dk)
@@ -265,7 +264,7 @@ class BailingTransformer(Transformer):
         if emit:
             for name, t in (("q", q), ("k", k), ("v", v)):
                 emit(p + name, _unpad(t.reshape(*t.shape[:2], -1), batch))
-        xs = _pad(x, batch, *q.shape[:2]) if not batch.decode else x[:, None]  # [B, S, H]
+        xs = pad_rows(x, batch, *q.shape[:2]) if not batch.decode else x[:, None]  # [B, S, H]
         g = self._forget_gate(xs, p)  # [B, S, h, dk]
         beta = torch.sigmoid(F.linear(xs, w[p + "b_proj"]))  # [B, S, h]
         o, final = delta_rule(q, k, v, g, beta, state, lens)  # [B, S, h, dv]
@@ -297,9 +296,7 @@ class BailingTransformer(Transformer):
             return super()._mlp(x, lw, emit, p)
         ids, weights, logits = self._route(x, lw.router, self.w[p + "router_bias"])
         if emit:
-            emit(p + "router_logits", logits)
-            emit(p + "topk_ids", ids)
-            emit(p + "topk_weights", weights)
+            emit_routing(emit, p, logits, ids, weights)
         routed = experts_forward(x, ids, weights, lw.experts_gate_up, lw.experts_down, self.moe_cfg)
         shared = self._dense_mlp(x, self.w[p + "shared_gate_up"], None, self.w[p + "shared_down"], None)
         return routed + shared, ids
@@ -329,14 +326,6 @@ class BailingTransformer(Transformer):
         """kv_a_layernorm is built with transformers' default eps (1e-6), not the config's."""
         return 1e-6 if self.knobs.rmsnorm_eps is None else self.knobs.rmsnorm_eps
 
-
-def _pad(t: torch.Tensor, batch: ForwardBatch, b: int, s: int) -> torch.Tensor:
-    """Flat [N, ...] -> right-padded [B, S, ...] (zeros past each row's length)."""
-    if batch.pad_index is None:
-        return t.reshape(b, s, *t.shape[1:])
-    out = t.new_zeros(b * s, *t.shape[1:])
-    out[batch.pad_index] = t
-    return out.view(b, s, *t.shape[1:])
 
 
 def _unpad(t: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

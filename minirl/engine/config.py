@@ -88,8 +88,7 @@ def spec_from_config(cfg: dict) -> ModelSpec:
     hidden, n_heads = cfg["hidden_size"], cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or hidden // n_heads
     partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    eos = cfg.get("eos_token_id")
-    eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+    eos_ids = eos_token_ids(cfg)
     bias = bool(cfg.get("attention_bias", False))
     common = dict(
         arch=arch,
@@ -127,3 +126,9 @@ def spec_from_config(cfg: dict) -> ModelSpec:
                          moe_intermediate_size=cfg["intermediate_size"], renormalize=True,
                          topk_weights_in_logits_dtype=False)
     return ModelSpec(**common)
+
+
+def eos_token_ids(cfg: dict) -> tuple[int, ...]:
+    """``eos_token_id`` of a config.json as a tuple (HF allows an int, a list or null)."""
+    eos = cfg.get("eos_token_id")
+    return () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)

@@ -45,9 +45,7 @@ def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, 
     if cfg.sum_order == "expert_id" and cfg.weights_in_logits_dtype:
         weights = weights.to(logits.dtype)  # transformers' Qwen3-MoE; fused MoE keeps fp32
     if emit:
-        emit(prefix + "router_logits", logits)
-        emit(prefix + "topk_ids", ids)
-        emit(prefix + "topk_weights", weights)
+        emit_routing(emit, prefix, logits, ids, weights)
     return experts_forward(x, ids, weights, gate_up, down, cfg), ids
 
 
@@ -146,3 +144,11 @@ def _combine(y: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, order: s
     for j in range(1, yw.shape[1]):
         out = out + yw[:, j]
     return out
+
+
+def emit_routing(emit: Callable, prefix: str, logits: torch.Tensor, ids: torch.Tensor,
+                 weights: torch.Tensor) -> None:
+    """The three routing sites of one MoE layer, in execution order (aligntools.sites)."""
+    emit(prefix + "router_logits", logits)
+    emit(prefix + "topk_ids", ids)
+    emit(prefix + "topk_weights", weights)
