@@ -1,16 +1,18 @@
 """aligntools: capture, compare and gate train-inference numerical alignment.
 
-Importing aligntools stays light: nnsight, minirl, vllm and sglang are imported only by the
-adapters that need them, when a target of theirs is captured.
+Subpackages by concept: ``tracker`` (capture), ``adapters`` (one per engine), ``analyzer``
+(compare), ``replayer`` (replay, attribution), ``gates`` (CI gates), ``viz`` (plots, widgets,
+report), ``cli``; ``sites`` is the vocabulary they share. Importing aligntools stays light:
+nnsight, minirl, vllm and sglang are imported only by the adapters that need them, when a
+target of theirs is captured.
 """
 
-from aligntools.capture import Capture, CaptureFileError
-from aligntools.recorder import CaptureBudgetExceeded
-from aligntools.tracker import Tracker, capture
-from aligntools.accuracy_gate import assert_aligned
-from aligntools.compare import compare
-from aligntools.comparison import Comparison
-from aligntools.tolerance import Tolerance
-from aligntools.replay import ReplayResult, replay
-from aligntools.attribution import Attribution, attribute
-from aligntools.alignment_gate import GateResult, check_alignment
+from aligntools.analyzer import Comparison, Tolerance, compare
+from aligntools.gates import GateResult, assert_aligned, check_alignment
+from aligntools.replayer import Attribution, ReplayResult, attribute, replay
+from aligntools.tracker import Capture, CaptureBudgetExceeded, CaptureFileError, Tracker, capture
+from aligntools.viz import explore, plot_comparison
+
+__all__ = ["Attribution", "Capture", "CaptureBudgetExceeded", "CaptureFileError", "Comparison", "GateResult",
+           "ReplayResult", "Tolerance", "Tracker", "assert_aligned", "attribute", "capture", "check_alignment",
+           "compare", "explore", "plot_comparison", "replay"]

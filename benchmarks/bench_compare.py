@@ -1,4 +1,4 @@
-"""Throughput of ``aligntools.compare`` in GB/s of captured data (both captures' bytes).
+"""Throughput of ``aligntools.analyzer.comparison`` in GB/s of captured data (both captures' bytes).
 
     .venv/bin/python benchmarks/bench_compare.py [--tokens 4096 --layers 2 --hidden 2048 --vocab 4096 --repeats 3]
 

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = p.parse_args(argv)
 
     import aligntools
-    from aligntools.nnsight_interop import trace_sites
+    from aligntools.adapters.nnsight_interop import trace_sites
 
     model = build_model(args.hidden, args.layers, args.vocab)
     ids = torch.randint(3, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))

@@ -1,4 +1,4 @@
-"""pytest-benchmark timing of ``aligntools.compare`` on a synthetic capture pair (~70 MB).
+"""pytest-benchmark timing of ``aligntools.analyzer.comparison`` on a synthetic capture pair (~70 MB).
 
     .venv/bin/python -m pytest benchmarks/test_bench_compare.py --benchmark-enable -q
 
@@ -27,7 +27,7 @@ def pair():
 @pytest.mark.parametrize("workers", [1, 2])
 def test_compare_throughput(benchmark, pair, workers):
     a, b = pair
-    benchmark.group = "aligntools.compare"
+    benchmark.group = "aligntools.analyzer.comparison"
     benchmark.extra_info["bytes"] = nbytes(a, b)
     cmp = benchmark(aligntools.compare, a, b, workers=workers)
     assert cmp.table["rel_l2"].between(5e-4, 2e-3).all()  # the planted 1e-3 relative noise

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMAND_MODULES = ["labs.cli_zoo", "aligntools.cli_capture", "aligntools.cli_diff", "aligntools.cli_check"]
+SUBCOMMAND_MODULES = ["labs.cli_zoo", "aligntools.cli.capture", "aligntools.cli.diff", "aligntools.cli.check"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Built-in text the tiny zoo models (and their tokenizer) are trained on.
 
-No downloads: a short English corpus shipped in ``datasets/tiny_corpus.txt`` plus
+No downloads: a short English corpus shipped inside aligntools (``aligntools/data``) plus
 arithmetic question/answer lines generated from a seed, in the format the RL tasks use.
 Training on it briefly gives the zoo models peaked, realistic next-token distributions
 (random-init models have near-uniform logits, which hide precision effects).
@@ -9,9 +9,7 @@ Training on it briefly gives the zoo models peaked, realistic next-token distrib
 from __future__ import annotations
 
 import random
-from pathlib import Path
-
-CORPUS_FILE = Path(__file__).resolve().parent.parent / "datasets" / "tiny_corpus.txt"
+from aligntools.gates.inputs import corpus_text
 
 
 def arithmetic_lines(n: int, seed: int) -> list[str]:
@@ -30,5 +28,5 @@ def arithmetic_lines(n: int, seed: int) -> list[str]:
 
 def training_texts(seed: int = 0, n_arithmetic: int = 400) -> list[str]:
     """English corpus lines followed by seeded arithmetic lines."""
-    prose = [line.strip() for line in CORPUS_FILE.read_text().splitlines() if line.strip()]
+    prose = [line.strip() for line in corpus_text().splitlines() if line.strip()]
     return prose + arithmetic_lines(n_arithmetic, seed)

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from labs.corpus import CORPUS_FILE, training_texts
+from aligntools.gates.inputs import corpus_text
+from labs.corpus import training_texts
 from labs.tokenizer import build_tokenizer
 
 ZOO_FORMAT = 1  # bump when the build recipe changes, so caches rebuild
@@ -122,7 +123,7 @@ def _fingerprint(name: str, spec: ZooSpec, seed: int) -> str:
     (its initialisation defines the weights), so a stale cache is never reused."""
     import transformers
 
-    corpus = hashlib.sha256(CORPUS_FILE.read_bytes()).hexdigest()
+    corpus = hashlib.sha256(corpus_text().encode()).hexdigest()
     blob = json.dumps([ZOO_FORMAT, name, seed, spec.config_class, spec.config, spec.train_steps, spec.train,
                        corpus, transformers.__version__], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from aligntools.recorder import Recorder
+from aligntools.tracker.recorder import Recorder
 
 
 class Adapter(ABC):

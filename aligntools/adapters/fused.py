@@ -27,10 +27,10 @@ from torch import nn
 from aligntools.adapters.base import Adapter
 from aligntools.adapters.roles import ModelRoles, find_roles
 from aligntools.adapters.routing import route_softmax_topk
-from aligntools.provenance import model_hash
-from aligntools.recorder import DERIVED, Recorder
+from aligntools.tracker.provenance import model_hash
+from aligntools.tracker.recorder import DERIVED, Recorder
 from aligntools.sites import sort_sites
-from aligntools.token_meta import TokenMeta
+from aligntools.tracker.token_meta import TokenMeta
 
 Reader = Callable[[tuple, object], dict[str, torch.Tensor]]  # (inputs, output) -> {kind: value}
 

@@ -26,8 +26,8 @@ from aligntools.adapters.base import Adapter
 from aligntools.adapters.roles import LayerRoles, ModelRoles
 from aligntools.adapters.routing import route_softmax_topk
 from aligntools.adapters.torch_layout import ForwardLayout, call_inputs
-from aligntools.provenance import model_hash
-from aligntools.recorder import DERIVED, Recorder
+from aligntools.tracker.provenance import model_hash
+from aligntools.tracker.recorder import DERIVED, Recorder
 from aligntools.sites import sort_sites
 
 ROPE_SYMBOL = "apply_rotary_pos_emb"

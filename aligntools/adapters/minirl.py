@@ -15,8 +15,8 @@ import functools
 import torch
 
 from aligntools.adapters.base import Adapter
-from aligntools.provenance import model_hash
-from aligntools.recorder import Recorder
+from aligntools.tracker.provenance import model_hash
+from aligntools.tracker.recorder import Recorder
 from aligntools.sites import all_sites
 
 _CALLS = ("score", "generate")

@@ -14,7 +14,7 @@ from torch import nn
 
 from aligntools.adapters.hf import HFAdapter
 from aligntools.adapters.roles import ModelRoles
-from aligntools.recorder import DERIVED, Recorder
+from aligntools.tracker.recorder import DERIVED, Recorder
 
 
 class ModulePathAdapter(HFAdapter):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from aligntools.token_meta import TokenMeta
+from aligntools.tracker.token_meta import TokenMeta
 
 
 class ForwardLayout:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from aligntools import Capture, assert_aligned
-from aligntools.accuracy_gate import accuracy_gate
+from aligntools.gates.accuracy import accuracy_gate
 from analyzer_synth import downstream, noise
 
 
@@ -51,7 +51,7 @@ def test_pytest_fixture_uses_project_tolerance(trio, tmp_path):
     ref, base, good, _ = trio
     paths = {name: str(Capture(ds).save(tmp_path / f"{name}.zarr"))
              for name, ds in (("ref", ref), ("base", base), ("good", good))}
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["aligntools.pytest_plugin"]\n')
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["aligntools.gates.pytest_plugin"]\n')
     (tmp_path / "pytest.ini").write_text("[pytest]\naligntools_tolerance = tol.json\n")
     (tmp_path / "tol.json").write_text('{"default": {"k": 0.5, "atol": 0.0}}')
     (tmp_path / "test_user.py").write_text(textwrap.dedent(f"""

@@ -8,7 +8,7 @@ import torch
 import xarray as xr
 
 import aligntools
-from aligntools.stats import STAT_NAMES, row_stats
+from aligntools.tracker.stats import STAT_NAMES, row_stats
 from analyzer_synth import make_capture, noise
 
 

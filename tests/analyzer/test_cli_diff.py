@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from aligntools import Capture
-from aligntools.cli_diff import main, register
+from aligntools.cli.diff import main, register
 from analyzer_synth import downstream, noise
 
 

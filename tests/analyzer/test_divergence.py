@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import aligntools
-from aligntools.divergence import upstream_sites
+from aligntools.analyzer.divergence import upstream_sites
 from analyzer_synth import downstream, make_capture, noise
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from aligntools import metrics as M
+from aligntools.analyzer import metrics as M
 
 
 def site_metrics(a, b, **kw):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import aligntools
 import kernels
-from aligntools.accuracy_gate import accuracy_gate
+from aligntools.gates.accuracy import accuracy_gate
 
 
 def load(zoo, name: str) -> torch.nn.Module:

@@ -6,8 +6,8 @@ import pytest
 from matplotlib.figure import Figure
 
 import aligntools
-from aligntools.plots import growth_curve, token_heatmap
-from aligntools.widgets import Explorer, explore
+from aligntools.viz.plots import growth_curve, plot_comparison, token_heatmap
+from aligntools.viz.widgets import Explorer, explore
 from analyzer_synth import downstream, noise
 
 
@@ -17,7 +17,7 @@ def cmp(synth):
 
 
 def test_plot_returns_growth_curve_and_heatmap(cmp):
-    fig = cmp.plot()
+    fig = plot_comparison(cmp)
     assert isinstance(fig, Figure)
     titles = [ax.get_title() for ax in fig.axes]
     assert any(t.startswith("error growth") for t in titles) and "rel_l2 at L*.resid_post" in titles

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from aligntools.routing_diff import routing_diff
-from aligntools.token_align import align
+from aligntools.analyzer.routing_diff import routing_diff
+from aligntools.analyzer.token_align import align
 from analyzer_synth import make_capture
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import aligntools
-from aligntools.token_align import align, next_token_ids
+from aligntools.analyzer.token_align import align, next_token_ids
 
 
 def as_decode(ds, prompt: int = 5):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import aligntools
-from aligntools.tolerance import DTYPE_RULES, Tolerance, canonical_dtype, coarser
+from aligntools.analyzer.tolerance import DTYPE_RULES, Tolerance, canonical_dtype, coarser
 from analyzer_synth import downstream, noise
 
 

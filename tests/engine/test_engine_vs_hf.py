@@ -60,9 +60,9 @@ def test_decode_recompute_equals_incremental_in_fp32(engine, prompts):
 
 def test_hf_exact_preset_is_bit_identical_to_stock_bf16_hf(zoo):
     """Knobs.hf_exact() in bf16 reproduces the lab's training engine (eager transformers) exactly."""
-    from aligntools.engine_spec import load_hf
+    from aligntools.gates.engine_spec import load_hf
 
-    from aligntools.alignment_gate import prepare_tokens
+    from aligntools.gates.inputs import prepare_tokens
 
     path = zoo("tiny-qwen3-moe")
     ids = prepare_tokens(path, 512)  # [B, S]: enough tokens that bf16 router scores tie exactly

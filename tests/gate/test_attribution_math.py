@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aligntools.attribution import RESIDUAL, Attribution, run_attribution
+from aligntools.replayer.attribution import RESIDUAL, Attribution, run_attribution
 
 # Additive toy: each misaligned knob adds its cost; 0.1 remains when all are aligned (dtype).
 COST = {"rmsnorm": 0.5, "topk": 0.0, "lm_head_dtype": 0.3}

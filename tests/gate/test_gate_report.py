@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from aligntools.report import Report, write_atomic  # noqa: E402
+from aligntools.viz.report import Report, write_atomic  # noqa: E402
 
 
 def _report() -> Report:

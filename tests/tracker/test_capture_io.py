@@ -14,7 +14,7 @@ import xarray as xr
 
 import aligntools
 from aligntools import Capture, CaptureFileError
-from aligntools.capture_store import CaptureWriteError
+from aligntools.tracker.store import CaptureWriteError
 
 FORMATS = ["cap.zarr", "cap.nc"]  # h5py is pinned: netCDF is a core format, never skipped
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from aligntools import Capture
-from aligntools.cli_capture import register
-from aligntools.engine_spec import parse_engine_spec
+from aligntools.cli.capture import register
+from aligntools.gates.engine_spec import parse_engine_spec
 
 
 @pytest.mark.parametrize("spec, expected", [

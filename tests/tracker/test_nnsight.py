@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import aligntools
-from aligntools.nnsight_interop import from_nnsight, trace_sites
+from aligntools.adapters.nnsight_interop import from_nnsight, trace_sites
 
 pytest.importorskip("nnsight")
 

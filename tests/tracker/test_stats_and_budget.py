@@ -11,8 +11,8 @@ from torch import nn
 
 import aligntools
 from aligntools import CaptureBudgetExceeded
-from aligntools import stats
-from aligntools.stats import STAT_NAMES, row_hash, row_stats
+from aligntools.tracker import stats
+from aligntools.tracker.stats import STAT_NAMES, row_hash, row_stats
 
 
 def numpy_stats(x: np.ndarray) -> np.ndarray:

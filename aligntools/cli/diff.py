@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aligntools.token_align import MODES
+from aligntools.analyzer.token_align import MODES
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Print the comparison of ``args.a`` and ``args.b``; return the exit code."""
-    from aligntools.capture import CaptureFileError
-    from aligntools.compare import compare, load_capture
+    from aligntools.tracker.capture_dataset import CaptureFileError
+    from aligntools.analyzer.comparison import compare, load_capture
 
     try:
         a, b = load_capture(args.a), load_capture(args.b)

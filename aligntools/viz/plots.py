@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from aligntools import sites as S
 
 if TYPE_CHECKING:
-    from aligntools.comparison import Comparison
+    from aligntools.analyzer.comparison import Comparison
 
 _TINY = 1e-30
 

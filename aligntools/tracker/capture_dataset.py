@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from aligntools.capture_store import TOKEN, TOKEN_COORDS, VarSpec, open_store
-from aligntools.provenance import library_versions
+from aligntools.tracker.store import TOKEN, TOKEN_COORDS, VarSpec, open_store
+from aligntools.tracker.provenance import library_versions
 from aligntools.sites import sort_sites
 
 REQUIRED_ATTRS = ("engine", "mode", "dtype", "knobs", "versions", "model_hash", "complete")

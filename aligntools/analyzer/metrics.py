@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from aligntools.stats import STAT_NAMES
+from aligntools.tracker.stats import STAT_NAMES
 
 PERMILLE = 1e-3
 """An element counts as a permille error when ``|b - a| > PERMILLE * |a|`` (msProbe's

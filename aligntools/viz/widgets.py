@@ -5,7 +5,7 @@ a site filter (which site kind to follow across layers) drive the second heatmap
 lives in plain Python (``Explorer.figure`` and the controls) and every change re-renders
 synchronously, so it behaves the same with or without a browser (DESIGN.md section 7:
 headless ipywidgets fire observers but Output text is not captured). Without ipywidgets it
-degrades to the static ``Comparison.plot()`` figure.
+degrades to the static ``plot_comparison(cmp)`` figure.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from matplotlib.figure import Figure
 
 from aligntools import sites as S
-from aligntools.plots import layer_heatmap, token_heatmap
+from aligntools.viz.plots import layer_heatmap, plot_comparison, token_heatmap
 
 if TYPE_CHECKING:
-    from aligntools.comparison import Comparison
+    from aligntools.analyzer.comparison import Comparison
 
 METRICS = ("rel_l2", "max_abs", "mean_abs", "cosine", "sqnr_db", "permille_err", "ulp_max")
 
@@ -72,9 +72,9 @@ def _has(cmp: Comparison, metric: str) -> bool:
 
 
 def explore(cmp: Comparison) -> Any:
-    """An ``Explorer`` (interactive), or the static ``cmp.plot()`` figure without ipywidgets."""
+    """An ``Explorer`` (interactive), or the static ``plot_comparison(cmp)`` figure without ipywidgets."""
     try:
         import ipywidgets  # noqa: F401
     except ImportError:
-        return cmp.plot()
+        return plot_comparison(cmp)
     return Explorer(cmp)

@@ -14,8 +14,8 @@ import pandas as pd
 import xarray as xr
 
 from aligntools import sites as S
-from aligntools.metrics import topk_rows
-from aligntools.token_align import Alignment
+from aligntools.analyzer.metrics import topk_rows
+from aligntools.analyzer.token_align import Alignment
 
 TIE_EPS = 1e-3
 """Margin below which a flip counts as a near-tie when side b has no router scores to

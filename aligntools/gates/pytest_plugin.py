@@ -1,11 +1,11 @@
 """pytest plugin: an ``assert_aligned`` fixture for accuracy gates in a user's test suite.
 
-Register it in a conftest.py with ``pytest_plugins = ["aligntools.pytest_plugin"]``; then
+Register it in a conftest.py with ``pytest_plugins = ["aligntools.gates.pytest_plugin"]``; then
 
     def test_my_rmsnorm_kernel(assert_aligned):
         assert_aligned(candidate_capture, baseline_capture, fp64_capture)
 
-A project-wide tolerance file (JSON, see ``aligntools.tolerance``) is set with the ini
+A project-wide tolerance file (JSON, see ``aligntools.analyzer.tolerance``) is set with the ini
 option ``aligntools_tolerance`` (or ``-o aligntools_tolerance=path`` on the command line),
 so CI thresholds live in one reviewed file instead of in every test.
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from aligntools.accuracy_gate import GateReport
-from aligntools.accuracy_gate import assert_aligned as _assert_aligned
-from aligntools.tolerance import Tolerance
+from aligntools.gates.accuracy import GateReport
+from aligntools.gates.accuracy import assert_aligned as _assert_aligned
+from aligntools.analyzer.tolerance import Tolerance
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

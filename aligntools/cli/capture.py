@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import aligntools
-    from aligntools.engine_spec import load_target
+    from aligntools.gates.engine_spec import load_target
 
     ids = _input_ids(args)
     target = load_target(args.engine, args.model, args.dtype)

@@ -26,10 +26,10 @@ import torch
 from tqdm.auto import tqdm
 
 from aligntools.adapters import adapter_for
-from aligntools.capture import Capture
-from aligntools.capture_store import open_store
-from aligntools.provenance import library_versions
-from aligntools.recorder import CaptureBudgetExceeded, Recorder, TokenFilter
+from aligntools.tracker.capture_dataset import Capture
+from aligntools.tracker.store import open_store
+from aligntools.tracker.provenance import library_versions
+from aligntools.tracker.recorder import CaptureBudgetExceeded, Recorder, TokenFilter
 from aligntools.sites import select
 
 Mode = Literal["tensor", "stats"]

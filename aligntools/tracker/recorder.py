@@ -17,11 +17,11 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from aligntools.capture_store import TOKEN, TOKEN_COORDS, MemoryStore, Store, VarSpec
-from aligntools.derived import NextTokenLogprobs
+from aligntools.tracker.store import TOKEN, TOKEN_COORDS, MemoryStore, Store, VarSpec
+from aligntools.tracker.derived import NextTokenLogprobs
 from aligntools.sites import sort_sites, trailing_dims
-from aligntools.stats import STAT_NAMES, row_stats
-from aligntools.token_meta import TokenMetaLike
+from aligntools.tracker.stats import STAT_NAMES, row_stats
+from aligntools.tracker.token_meta import TokenMetaLike
 
 DERIVED = ("logprobs", "entropy")
 TokenFilter = Callable[[TokenMetaLike], torch.Tensor]  # -> BoolTensor [N]: which rows to keep

@@ -18,10 +18,10 @@ import torch
 
 from aligntools.adapters.roles import LayerRoles, find_roles
 from aligntools.adapters.torch_layout import ForwardLayout
-from aligntools.capture import Capture
-from aligntools.capture_store import MemoryStore
-from aligntools.provenance import library_versions, model_hash
-from aligntools.recorder import DERIVED, Recorder
+from aligntools.tracker.capture_dataset import Capture
+from aligntools.tracker.store import MemoryStore
+from aligntools.tracker.provenance import library_versions, model_hash
+from aligntools.tracker.recorder import DERIVED, Recorder
 from aligntools.sites import ROUTING_SITES, select, sort_sites
 
 # per-layer (site kind, submodule attr path or "" for the layer, what to read), execution order

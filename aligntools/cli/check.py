@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aligntools.alignment_gate import check_alignment
+    from aligntools.gates.alignment import check_alignment
 
     result = check_alignment(args.model, train=args.train, infer=args.infer, dtype=args.dtype,
                              tokens=args.tokens, tolerance=args.tolerance, progress=sys.stderr.isatty())

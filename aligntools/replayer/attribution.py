@@ -141,7 +141,7 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
     """
     from minirl import Engine, Knobs  # noqa: F811 - lazy: importing aligntools must not import minirl
 
-    from aligntools.alignment_gate import load_hf, parse_train, prepare_tokens, validate_checkpoint
+    from aligntools.gates.inputs import load_hf, parse_train, prepare_tokens, validate_checkpoint
 
     path = validate_checkpoint(model_path)
     infer_knobs = Knobs.typical_inference() if infer_knobs is None else infer_knobs

@@ -6,7 +6,7 @@ truth* than the old one did. With a float64 (or fp32) ``reference`` run, a site 
 
     err(candidate vs reference) > k * err(baseline vs reference) + atol
 
-(``err`` = relative L2, ``k``/``atol`` per dtype from ``aligntools.tolerance``; DESIGN.md
+(``err`` = relative L2, ``k``/``atol`` per dtype from ``aligntools.analyzer.tolerance``; DESIGN.md
 section 6). A candidate that is *more* accurate than the baseline always passes.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from aligntools.compare import compare
-from aligntools.comparison import GATED_BASES, SiteVerdict
-from aligntools.tolerance import Tolerance
+from aligntools.analyzer.comparison import compare
+from aligntools.analyzer.comparison import GATED_BASES, SiteVerdict
+from aligntools.analyzer.tolerance import Tolerance
 
 
 @dataclass(frozen=True)

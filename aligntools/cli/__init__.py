@@ -1,0 +1,1 @@
+"""``mlab`` subcommands of aligntools: ``capture``, ``check``, ``diff`` (each module has ``register``)."""
