@@ -1,19 +1,29 @@
 # Two commands matter: `make demo` (main job on the built-in tiny model) and `make test`.
-# Each creates .venv on first use from the pinned requirements.txt (CPU torch 2.13.0).
+# Each creates .venv on first use from the pinned requirements (CPU torch 2.13.0).
 PY      := .venv/bin/python
+PIP     := .venv/bin/pip install -q --disable-pip-version-check
 STAMP   := .venv/.installed
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+export VLLM_ENABLE_V1_MULTIPROCESSING := 0
+
+# torch 2.13.0+cpu: from a local wheel folder when pip is configured with one (find-links),
+# else from PyTorch's CPU wheel index (a plain `pip install torch` would pull a CUDA build).
+TORCH_INDEX := https://download.pytorch.org/whl/cpu
+# vLLM's CPU build (requirements-vllm.txt) is part of the default environment on Linux x86-64.
+WITH_VLLM := $(shell [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ] && echo 1)
 
 .PHONY: venv demo test test-all lab bench clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 	python3 -m venv .venv
-	.venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-	.venv/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PIP) "torch==2.13.0+cpu" || $(PIP) --index-url $(TORCH_INDEX) "torch==2.13.0+cpu"
+	$(PIP) -r requirements.txt
+	$(if $(WITH_VLLM),$(PIP) --no-deps -r requirements-vllm.txt)
+	$(PIP) --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,8 +43,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_tracker.py --hidden 1024
 	$(PY) benchmarks/bench_compare.py
 
+# --allow-root: JupyterLab refuses to start as root without it (containers, CI boxes).
 lab: $(STAMP)
-	.venv/bin/jupyter lab notebooks/
+	.venv/bin/jupyter lab --allow-root notebooks/
 
 clean:
 	rm -rf .venv runs .zoo .pytest_cache .benchmarks

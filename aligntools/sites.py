@@ -1,4 +1,4 @@
-"""The engine-neutral site vocabulary (DESIGN.md section 4).
+"""The engine-neutral site vocabulary and its dataflow (docs/sites.md).
 
 Every engine adapter names what it captures with these strings, so a capture from
 transformers and one from an inference engine line up key by key. Why a fixed vocabulary
@@ -43,6 +43,29 @@ GLOBAL_SITES_AFTER: dict[str, tuple[str, ...]] = {
 }
 
 ROUTING_SITES = ("router_logits", "topk_ids", "topk_weights")
+
+# Direct inputs of each per-layer site; "@resid_in" = the residual stream entering the layer
+# (``embed`` for layer 0, else the previous layer's ``resid_post``). docs/sites.md draws it.
+LAYER_DATAFLOW: dict[str, tuple[str, ...]] = {
+    "attn_norm": ("@resid_in",),
+    "q": ("attn_norm",), "k": ("attn_norm",), "v": ("attn_norm",),
+    "attn_out": ("q", "k", "v"),
+    "resid_mid": ("@resid_in", "attn_out"),
+    "mlp_norm": ("resid_mid",),
+    "router_logits": ("mlp_norm",),
+    "topk_ids": ("router_logits",), "topk_weights": ("router_logits",),
+    "mlp_out": ("mlp_norm", "topk_weights"),
+    "resid_post": ("resid_mid", "mlp_out"),
+}
+# Model-level sites' direct inputs; "@last_resid" = the last layer's resid_post.
+GLOBAL_DATAFLOW: dict[str, tuple[str, ...]] = {
+    "embed": (), "final_norm": ("@last_resid",), "logits": ("final_norm",),
+    "logprobs": ("logits",), "entropy": ("logits",),
+}
+
+TOKEN_COORDS = ("token_id", "position", "request", "step")
+"""Per-row coords of every capture: the input token, its absolute position, the request it
+belongs to, and the step (0 = prefill / plain forward, k = k-th decode step)."""
 _LAYER_RE = re.compile(r"^L(\d+)\.(\w+)$")
 
 

@@ -164,7 +164,7 @@ def replay_gate(
     experts in fp32 (float64 for float64 logits). The selection is taken from the rollout
     (R3: recorded by the inference engine; R2: recorded in the trainer's old-logprob pass), so
     trainer and engine use the same experts, while the weights stay differentiable w.r.t. the
-    trainer's logits — the router keeps learning (DESIGN.md §6; verl
+    trainer's logits — the router keeps learning (docs/conventions.md; verl
     ``router_replay_patch.py``, slime ``routing_replay.py``).
     """
     _checks.floating("logits", logits)

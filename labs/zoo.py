@@ -88,10 +88,12 @@ def build(name: str, out: str | os.PathLike | None = None, seed: int = 0, force:
     an interrupted build never leaves a half-written checkpoint behind.
     """
     spec = _spec(name)
+    _check_seed(seed)
     target = Path(out) if out is not None else default_root() / f"{name}-seed{seed}"
     fingerprint = _fingerprint(name, spec, seed)
     if not force and _is_complete(target, fingerprint):
         return target
+    _check_target(target)
     parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +120,23 @@ def _spec(name: str) -> ZooSpec:
     return SPECS[name]
 
 
+def _check_seed(seed: object) -> None:
+    """torch seeds are 64-bit; anything else would fail deep inside torch with 'Overflow'."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"zoo seed must be an integer in [0, 2**64); got {seed!r}")
+
+
+def _check_target(target: Path) -> None:
+    """Refuse an ``out`` the zoo did not write: a build replaces its target, and a user's file
+    or directory must never be the thing replaced. Ours have a zoo.json; empty dirs are fine."""
+    if target.is_dir() and not (target / "zoo.json").is_file() and any(target.iterdir()):
+        raise ValueError(f"zoo build --out {target}: directory exists, is not empty and is not a zoo "
+                         f"checkpoint (no zoo.json); refusing to replace it. Give a new or empty directory")
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"zoo build --out {target}: an existing file is in the way; refusing to replace "
+                         f"it. Give a new or empty directory")
+
+
 def _fingerprint(name: str, spec: ZooSpec, seed: int) -> str:
     """Everything a build depends on: recipe, seed, training text, and the transformers version
     (its initialisation defines the weights), so a stale cache is never reused."""
@@ -140,7 +159,10 @@ def _is_complete(path: Path, fingerprint: str) -> bool:
 
 
 def _replace_dir(tmp: Path, target: Path) -> None:
-    """Swap ``tmp`` into ``target``; the old build is removed only after the swap."""
+    """Swap ``tmp`` into ``target``; the old build is removed only after the swap.
+    ``_check_target`` already refused targets the zoo did not write; checked again here
+    because a file may have appeared during the build."""
+    _check_target(target)
     old = None
     if target.exists():
         old = target.with_name(f".{target.name}.old")

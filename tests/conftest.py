@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
-    # Triton kernels run through the interpreter on CPU tensors (DESIGN.md section 7).
+    # Triton kernels run through the interpreter on CPU tensors (docs/machine.md).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parent.parent

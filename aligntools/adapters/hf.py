@@ -9,7 +9,7 @@ not a module, so while attached the adapter swaps that symbol in the attention's
 module for a wrapper that returns the original's result unchanged and emits it (restored
 on detach); an attention pre-hook tells the wrapper which layer is running. Routing: the
 transformers 5 routers return ``(logits, topk_weights, topk_ids)``, read as computed;
-a router that returns only logits is routed like transformers does (``route_softmax_topk``,
+a router that returns only logits is routed like transformers does (kernels' ``torch`` router_topk,
 renormalised when ``config.norm_topk_prob`` says so, default True as Mixtral always does).
 """
 
@@ -22,9 +22,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+import kernels
 from aligntools.adapters.base import Adapter
 from aligntools.adapters.roles import LayerRoles, ModelRoles
-from aligntools.adapters.routing import route_softmax_topk
 from aligntools.adapters.torch_layout import ForwardLayout, call_inputs
 from aligntools.tracker.provenance import model_hash
 from aligntools.tracker.recorder import DERIVED, Recorder
@@ -185,8 +185,9 @@ class HFAdapter(Adapter):
                 weights = weights.gather(-1, ids)
         else:
             logits = out[0] if isinstance(out, (tuple, list)) else out
-            weights, ids = route_softmax_topk(logits, int(getattr(self.config, "num_experts_per_tok", 2)),
-                                              bool(getattr(self.config, "norm_topk_prob", True)))
+            ids, weights = kernels.get("router_topk", "torch")(
+                logits, int(getattr(self.config, "num_experts_per_tok", 2)), scoring="softmax",
+                renormalize=bool(getattr(self.config, "norm_topk_prob", True)), compute_dtype=torch.float32)
         self._emit(f"L{layer}.router_logits", logits)
         self._emit(f"L{layer}.topk_ids", ids)
         self._emit(f"L{layer}.topk_weights", weights)

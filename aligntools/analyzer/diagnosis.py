@@ -7,6 +7,11 @@ shows at q/k but not at v (v has no rotary embedding) while attn_norm is clean; 
 attention-path difference shows at attn_out with q/k/v clean; a router precision fault at
 router_logits with mlp_norm clean, plus top-k flips concentrated at tiny margins; an
 lm_head fault at logits with final_norm clean. A *jump* is defined in ``divergence``.
+
+An MoE layer whose top-k set flips for a few tokens sends those tokens through other experts:
+their mlp_out differs by O(1) while every other token agrees, so the layer's error spikes far
+above its inputs'. Such a jump is blamed on the flips only when the flipped tokens carry most
+of its error; otherwise the expert computation itself is named.
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ CAUSES: dict[str, str] = {
     "routing_disagreement": "top-k flips at large margins: router inputs really differ upstream",
     "gate_weights": "top-k gate weights (renormalisation or precision) differ",
     "mlp_path": "expert/MLP computation (Knobs.expert_sum_order, Knobs.tp, weight dtype)",
+    "expert_flip": "tokens whose top-k experts flipped run through other experts: the spike is "
+                   "routing, not expert arithmetic (Knobs.topk='stable', Knobs.router_dtype, router replay)",
     "lm_head_precision": "lm_head GEMM / softmax precision (Knobs.lm_head_dtype)",
     "logprob_computation": "logprob/entropy derivation from logits",
     "nonfinite": "NaN/Inf on one side only",
-    "unexplained": "error jumps at a site no rule covers",
+    "unexplained": "error jumps at a site no rule covers: re-run its op under another implementation "
+                   "(aligntools.replay) or capture the modules inside it",
 }
 
 _KIND_CAUSE = {
@@ -53,6 +61,9 @@ RADIAL_FRACTION = 0.9
 """An error is a per-token rescaling (eps-like) when at least this share of its energy lies
 along the token's own vector, i.e. cosine stays ~1 while the norm changes."""
 NEAR_TIE_SHARE = 0.5
+FLIP_ERROR_SHARE = 0.5
+"""A jump at mlp_out/topk_weights is put down to the layer's expert flips when the flipped
+tokens carry at least this share of its error energy (per-token rel. L2 squared)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,7 @@ def _jump_finding(site: str, g: pd.DataFrame, per_token: Callable[[str], pd.Data
     r = g.loc[site]
     cause = _KIND_CAUSE.get(s.kind, "unexplained")
     ups = ", ".join(f"{u} {g.loc[u, 'error']:.2g}" for u in r["upstream"]) or "no input site"
-    evidence = f"rel. L2 error {r['error']:.3g} (limit {r['limit']:.2g}) vs inputs: {ups}"
+    evidence = f"rel. L2 error {r['error']:.3g} (limit {r['limit']:.2g}, {_growth(r['growth'])}) vs inputs: {ups}"
     contrast = r["growth"]
     if s.kind in _NORMS and "cosine" in per_token(site):
         share = radial_share(per_token(site))
@@ -113,6 +124,39 @@ def _jump_finding(site: str, g: pd.DataFrame, per_token: Callable[[str], pd.Data
                 contrast = min(contrast, r["error"] / e_v if e_v > 0 else math.inf)
             evidence += f"; v error {e_v:.2g}"
     return Finding(cause, site, evidence, _confidence(contrast))
+
+
+def _growth(factor: float) -> str:
+    return "from a clean input" if factor == math.inf else f"x{factor:.3g} its inputs' error"
+
+
+def _flip_finding(site: str, g: pd.DataFrame, per_token: Callable[[str], pd.DataFrame]) -> Finding | None:
+    """``expert_flip`` when the layer's flipped tokens carry most of ``site``'s error; None when
+    they do not (the caller then names the expert path with ``_jump_finding``)."""
+    s, r = S.parse(site), g.loc[site]
+    flips, err = _rows(per_token, f"L{s.layer}.topk_ids", "set_flip"), _rows(per_token, site, "rel_l2")
+    head = f"{site} error {r['error']:.3g} ({_growth(r['growth'])})"
+    if flips is None or err is None:
+        return Finding("expert_flip", site, f"{head}; per-token top-k ids were not captured, so whether the "
+                       "flipped tokens carry the error cannot be told", 0.4)
+    flipped, e = flips.to_numpy(float) > 0, err.to_numpy(float)
+    energy = np.nan_to_num(e) ** 2
+    share = float(energy[flipped].sum() / energy.sum()) if energy.sum() > 0 else 0.0
+    if share < FLIP_ERROR_SHARE:
+        return None
+    rest = f"{np.nanmedian(e[~flipped]):.2g}" if (~flipped).any() else "n/a"
+    evidence = (f"{head}; {int(flipped.sum())} of {len(flipped)} tokens changed top-k experts at L{s.layer} "
+                f"and carry {share:.0%} of the error (median per-token rel. L2 {np.nanmedian(e[flipped]):.2g} "
+                f"vs {rest} for the others)")
+    return Finding("expert_flip", site, evidence, 0.95 * share)
+
+
+def _rows(per_token: Callable[[str], pd.DataFrame], site: str, metric: str) -> pd.Series | None:
+    """Per-token ``metric`` of ``site``, None when not compared (stats captures lack set_flip)."""
+    try:
+        return per_token(site).get(metric)
+    except KeyError:
+        return None
 
 
 def _routing_findings(routing: pd.DataFrame) -> list[Finding]:
@@ -149,11 +193,11 @@ def diagnose(g: pd.DataFrame, table: pd.DataFrame, routing: pd.DataFrame,
     raw: list[Finding] = _nonfinite_findings(table) + _routing_findings(routing)
     for site in g.index[g["jumps"]]:
         s = S.parse(site)
-        if s.kind in ("topk_weights", "mlp_out") and s.layer in flipped_layers:
-            continue  # explained by the routing flips of this layer
         if site in {f.site for f in raw if f.cause == "nonfinite"}:
             continue
-        raw.append(_jump_finding(site, g, per_token))
+        flip = _flip_finding(site, g, per_token) if s.kind in ("topk_weights", "mlp_out") \
+            and s.layer in flipped_layers else None
+        raw.append(flip or _jump_finding(site, g, per_token))
     raw.sort(key=lambda f: S.order_key(f.site))
     grouped: dict[str, Finding] = {}
     for f in raw:

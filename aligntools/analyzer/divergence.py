@@ -3,7 +3,7 @@
 Why growth rather than "first site above tolerance": once one module goes wrong, every
 site after it is wrong too; the culprit is where the error *jumps*. Each site's relative
 error ``e`` is set against ``e_up``, the largest error among the sites that feed it (the
-dataflow of a decoder layer below, e.g. q/k/v <- attn_norm <- previous resid_post). A site
+dataflow of a decoder layer ``sites.LAYER_DATAFLOW``: e.g. q/k/v <- attn_norm <- previous resid_post). A site
 *jumps* when
 
     e > limit(site)            (above the noise floor: identical or fp-noise captures never jump)
@@ -26,20 +26,6 @@ from aligntools import sites as S
 
 GROWTH_THRESHOLD = 4.0
 
-# Direct inputs of each per-layer site; "@resid_in" = the residual stream entering the layer.
-_UPSTREAM: dict[str, tuple[str, ...]] = {
-    "attn_norm": ("@resid_in",),
-    "q": ("attn_norm",), "k": ("attn_norm",), "v": ("attn_norm",),
-    "attn_out": ("q", "k", "v"),
-    "resid_mid": ("@resid_in", "attn_out"),
-    "mlp_norm": ("resid_mid",),
-    "router_logits": ("mlp_norm",),
-    "topk_ids": ("router_logits",), "topk_weights": ("router_logits",),
-    "mlp_out": ("mlp_norm", "topk_weights"),
-    "resid_post": ("resid_mid", "mlp_out"),
-}
-
-
 @dataclass(frozen=True)
 class Divergence:
     """Where the error starts. ``factor`` = error / upstream error (inf from a clean input)."""
@@ -58,14 +44,14 @@ class Divergence:
 
 
 def _direct(site: str, n_layers: int) -> tuple[str, ...]:
+    """The sites that feed ``site`` directly (``sites.LAYER_DATAFLOW`` / ``GLOBAL_DATAFLOW``)."""
     s = S.parse(site)
     if s.layer is None:
         last = f"L{n_layers - 1}.resid_post" if n_layers else "embed"
-        return {"embed": (), "final_norm": (last,), "logits": ("final_norm",),
-                "logprobs": ("logits",), "entropy": ("logits",)}.get(s.kind, ())
+        return tuple(last if u == "@last_resid" else u for u in S.GLOBAL_DATAFLOW.get(s.kind, ()))
     resid_in = f"L{s.layer - 1}.resid_post" if s.layer > 0 else "embed"
     return tuple(resid_in if u == "@resid_in" else f"L{s.layer}.{u}"
-                 for u in _UPSTREAM.get(s.kind, ()))
+                 for u in S.LAYER_DATAFLOW.get(s.kind, ()))
 
 
 def upstream_sites(site: str, available: list[str]) -> tuple[str, ...]:
@@ -75,8 +61,7 @@ def upstream_sites(site: str, available: list[str]) -> tuple[str, ...]:
     """
     order = S.sort_sites(list(available))
     avail = set(order)
-    if S.parse(site).kind not in _UPSTREAM and site not in ("embed", "final_norm", "logits",
-                                                            "logprobs", "entropy"):
+    if S.parse(site).kind not in S.LAYER_DATAFLOW and site not in S.GLOBAL_DATAFLOW:
         i = order.index(site) if site in avail else len(order)
         return tuple(order[i - 1: i]) if i > 0 else ()
     n_layers = 1 + max((S.parse(x).layer for x in order if S.parse(x).layer is not None), default=-1)

@@ -1,6 +1,6 @@
 """Tolerance policy: how much error a site may show before a comparison fails.
 
-Why not a bare atol (DESIGN.md section 6): a bf16 engine is *expected* to be ~1e-2 off at
+Why not a bare atol (docs/conventions.md): a bf16 engine is *expected* to be ~1e-2 off at
 deep layers and an fp32 one ~1e-6; a fixed threshold is either flaky or blind. Like
 PyTorch Dynamo's ``same()`` (torch/_dynamo/utils.py: passes when
 ``rmse(res, fp64_ref) <= multiplier * rmse(ref, fp64_ref) + tol / 10`` with ``multiplier``

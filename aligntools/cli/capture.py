@@ -18,7 +18,7 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "capture", help="capture activations of one engine run (sites of DESIGN.md section 4) to a file",
+        "capture", help="capture activations of one engine run (sites of docs/sites.md) to a file",
         description="Run one teacher-forced forward (hf) or score (minirl) and save the captured sites "
                     "as netCDF (.nc) or zarr (.zarr), readable later without the model.")
     p.add_argument("--model", required=True, help="HF checkpoint directory (config.json + *.safetensors)")

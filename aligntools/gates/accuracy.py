@@ -6,8 +6,8 @@ truth* than the old one did. With a float64 (or fp32) ``reference`` run, a site 
 
     err(candidate vs reference) > k * err(baseline vs reference) + atol
 
-(``err`` = relative L2, ``k``/``atol`` per dtype from ``aligntools.analyzer.tolerance``; DESIGN.md
-section 6). A candidate that is *more* accurate than the baseline always passes.
+(``err`` = relative L2, ``k``/``atol`` per dtype from ``aligntools.analyzer.tolerance``;
+docs/conventions.md). A candidate that is *more* accurate than the baseline always passes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Both engines run the same token ids (teacher-forced, prefill); their captures are compared
 site by site, plus the MoE routing and the final per-token logprob. Every limit is relative
-to a *measured* noise floor (DESIGN.md section 6): the training engine is also run in
+to a *measured* noise floor (docs/conventions.md): the training engine is also run in
 float64, and the error of the training engine's own dtype against that float64 run is what
 "correct" looks like on this model. A site passes when
 
@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from aligntools import sites as S
 from aligntools.analyzer.tolerance import Tolerance, coarser
 from aligntools.gates.inputs import GateUsageError, load_hf, parse_infer, parse_train, prepare_tokens, validate_checkpoint
 from aligntools.viz.report import Report
@@ -88,8 +89,9 @@ class GateResult:
         """What ``mlab check`` prints: setup, site table, routing, logprobs, first divergence,
         diagnosis, verdict."""
         fmt = lambda v: f"{v:.3g}"  # noqa: E731
-        t = self.table.assign(passes=self.table["passes"].map({True: "pass", False: "FAIL"}))
-        out = [_setup_line(self.setup), t.to_string(float_format=fmt)]
+        t = self.site_table().map(lambda v: v if isinstance(v, str) else ("pass" if v else "FAIL")
+                                  if isinstance(v, bool) else fmt(v))
+        out = [_setup_line(self.setup), t.to_string()]
         if len(self.routing):
             out.append("routing (fraction of tokens whose top-k expert set changed):\n"
                        + self.routing[["set_flip", "allowed", "near_tie", "passes"]].to_string(float_format=fmt))
@@ -100,6 +102,17 @@ class GateResult:
         out.append(self.verdict)
         return "\n".join(out)
 
+    def site_table(self) -> pd.DataFrame:
+        """``table`` as shown to a person: NaN reads ``n/a``; expert-id rows carry no float error
+        (their flips are gated in ``routing``), so they read ``exact`` (identical ids) or ``n/a``."""
+        t = self.table.astype(object).where(self.table.notna(), "n/a")
+        for site in [s for s in t.index if S.parse(s).kind == "topk_ids"]:
+            layer = S.parse(site).layer
+            r = self.routing.loc[layer] if layer in self.routing.index else None
+            exact = r is not None and r["set_flip"] == 0 and r["order_flip"] == 0
+            t.loc[site, ["rel_l2", "passes"]] = ["exact" if exact else "n/a", "n/a"]
+        return t
+
     def figures(self) -> dict[str, object]:
         """Named matplotlib figures: ``error_growth`` (the Analyzer's plot), ``logprob_gap``."""
         from matplotlib.figure import Figure
@@ -107,13 +120,13 @@ class GateResult:
         from aligntools.viz.plots import plot_comparison
 
         figs = {"error_growth": plot_comparison(self.comparison)}
-        fig = Figure(figsize=(7, 3.2))
+        fig = Figure(figsize=(8, 3.6))
         ax = fig.subplots()
         dlp = self.comparison.per_token("logits")["dlogprob"].dropna()
         ax.hist(np.log10(np.maximum(dlp.to_numpy(), 1e-12)), bins=40, color="#c0392b")
         ax.axvline(np.log10(self.logprob.loc["mean", "limit"]), ls="--", c="k", label="limit on the mean")
         ax.set(xlabel="log10 |Δ logprob| per token", ylabel="tokens",
-               title=f"{self.setup['infer']} vs {self.setup['train']}")
+               title=f"per-token |Δ logprob|: {self.setup['infer']} vs {self.setup['train']}")
         ax.legend()
         fig.tight_layout()
         figs["logprob_gap"] = fig
@@ -126,23 +139,45 @@ class GateResult:
         r.text(_setup_line(self.setup))
         r.text("Limits: k x noise floor + atol (dtype of the pair); noise floor = the training engine's "
                "own error against a float64 run of the same model on the same tokens.")
-        r.preformatted("inference knobs: " + ", ".join(f"{k}={v}" for k, v in self.setup["knobs"].items()))
+        r.text("Inference knobs:").bullets([f"{k}={v}" for k, v in self.setup["knobs"].items()])
         r.heading("Final |Δ logprob|").table(self.logprob, failed=~self.logprob["passes"])
+        self.explain(r)
+        if len(self.routing):
+            r.heading("Routing").table(self.routing, failed=~self.routing["passes"])
+            r.text("set_flip: share of tokens whose top-k expert set changed; near_tie: share of those "
+                   "flips whose router-score margin is within the score error (n/a: no flips).")
+        r.heading("Per-site errors (relative L2, train vs infer)").table(self.site_table(), failed=~self.table["passes"])
+        r.text("growth = a site's error over its inputs' error: a site far above 1 is where the error starts. "
+               "Expert-id rows (topk_ids) read exact (identical ids) or n/a; their flips are gated in Routing.")
+        figs = self.figures()
+        r.heading("Where the error grows").figure(figs["error_growth"], _growth_caption(self))
+        r.heading("Per-token |Δ logprob|").figure(
+            figs["logprob_gap"], "Tokens to the right of the dashed line are each off by more than the limit "
+            "on the mean; a long right tail means a few tokens (often routing flips) carry the gap.")
+        return r
+
+    def explain(self, r: Report) -> Report:
+        """First divergence and diagnosis sections (also used for the demo's further runs)."""
         fd = self.first_divergence
         r.heading("First divergence").text(str(fd) if fd else "none: no site jumps above its inputs' error")
         r.heading("Diagnosis")
         for f in self.diagnosis or ["no findings"]:
             r.text(str(f))
-        if len(self.routing):
-            r.heading("Routing").table(self.routing, failed=~self.routing["passes"])
-        r.heading("Per-site errors (relative L2, train vs infer)").table(self.table, failed=~self.table["passes"])
-        r.heading("Plots")
-        for name, fig in self.figures().items():
-            r.figure(fig, caption=name.replace("_", " "))
         return r
 
     def write_report(self, path: str | os.PathLike) -> Path:
         return self.report().write(path)
+
+
+def _growth_caption(gate: GateResult) -> str:
+    """One sentence saying what the error-growth figure shows for this run."""
+    t = gate.table[gate.table["growth"].notna() & np.isfinite(gate.table["growth"])]
+    if t.empty:
+        return "Relative L2 error per site (left) and per token at each layer's output (right)."
+    top = t["growth"].idxmax()
+    return (f"Left: relative L2 error per site in execution order against its limit (dashed); the largest "
+            f"jump over its inputs is {top} (x{t.loc[top, 'growth']:.3g}). Right: the same error per token at "
+            f"each layer's output; bright rows are tokens that carry most of it.")
 
 
 def _setup_line(setup: dict) -> str:

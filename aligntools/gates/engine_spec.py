@@ -8,9 +8,7 @@ or ``hf_exact``) and the overrides are Knobs fields, converted from text with th
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import typing
 
 HF_DTYPES = ("float32", "bfloat16", "float16")
 MINIRL_PRESETS = ("aligned", "typical", "hf_exact")  # Knobs classmethods: aligned(), typical_inference(), hf_exact()
@@ -43,30 +41,11 @@ def parse_engine_spec(spec: str) -> tuple[str, str | None, dict[str, object]]:
 
 
 def knob_value(name: str, text: str) -> object:
-    """Convert ``text`` to the type of Knobs field ``name`` (``tp=2``, ``batch_invariant=true``,
-    ``rmsnorm_eps=none``); unknown names raise with the list of valid knobs."""
+    """Text -> the typed value of Knobs field ``name`` (``Knobs.parse_value``: one parser for
+    every engine spec); unknown names raise with the list of valid knobs."""
     from minirl import Knobs
 
-    hints = typing.get_type_hints(Knobs)
-    names = [f.name for f in dataclasses.fields(Knobs)]
-    if name not in names:
-        raise ValueError(f"unknown knob {name!r}; valid knobs: {', '.join(names)}")
-    kind = hints[name]
-    options = typing.get_args(kind) or (kind,)
-    if type(None) in options and text.lower() in ("none", "null"):
-        return None
-    for t in (o for o in options if o is not type(None)):
-        if t is bool:
-            if text.lower() in ("true", "1", "yes", "on"):
-                return True
-            if text.lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError(f"knob {name} is a bool (true/false); got {text!r}")
-        try:
-            return t(text)
-        except ValueError:
-            continue
-    raise ValueError(f"knob {name} expects {kind}; got {text!r}")
+    return Knobs.parse_value(name, text)
 
 
 def minirl_knobs(preset: str | None, overrides: dict[str, object]):
@@ -74,7 +53,7 @@ def minirl_knobs(preset: str | None, overrides: dict[str, object]):
     from minirl import Knobs
 
     factory = {"aligned": Knobs.aligned, "typical": Knobs.typical_inference, "hf_exact": Knobs.hf_exact}
-    return factory[preset or "typical"]().replace(**overrides)
+    return factory[preset or "typical"]().replace(**overrides).validate()
 
 
 def minirl_default_dtype(preset: str | None) -> str:

@@ -56,7 +56,14 @@ class Attribution:
         cols = ["infer", "aligned", "gap_alone", "share", "gap_cumulative"]
         body = self.table[cols].to_string(float_format=lambda v: f"{v:.3g}")
         return (f"knob attribution (infer {self.dtype} vs train {self.train}), baseline mean |Δ logprob| "
-                f"{self.baseline_gap:.3g}, all knobs aligned {self.residual_gap:.3g}\n{body}")
+                f"{self.baseline_gap:.3g}, all knobs aligned {self.residual_gap:.3g}\n{body}\n{self.share_note()}")
+
+    def share_note(self) -> str:
+        """Why the shares do not add up to 100% (readers add the bars and expect it)."""
+        total = self.table["share"].sum()
+        return (f"The shares add up to {total:.0%}; they need not add up to 100%: each knob's share is measured alone against the "
+                "same baseline, and knobs interact (fixing one changes what another contributes); the "
+                "residual row is the gap left with every knob aligned.")
 
     def plot(self):
         """Bar chart of the single-knob shares + the cumulative gap curve (Ring-linear Fig. 10);
@@ -68,11 +75,11 @@ class Attribution:
         shares = self.table["share"]
         colors = ["#999999" if k == RESIDUAL else "#c0392b" for k in shares.index]
         bars = ax1.barh(range(len(shares)), shares.values, color=colors)
-        ax1.bar_label(bars, [f"{v:.0%}" for v in shares.values], padding=2, fontsize=8)
+        ax1.bar_label(bars, [f"{v:.0%}" for v in shares.values], padding=2, fontsize=10)
         ax1.set_yticks(range(len(shares)), shares.index)
         ax1.invert_yaxis()
-        ax1.set(xlabel="share of mean |Δ logprob| explained", xlim=(0, 1.05),
-                title=f"which knob explains the gap ({self.dtype})")
+        ax1.set(xlabel="share of mean |Δ logprob| explained, each knob alone", xlim=(0, 1.1),
+                title=f"which knob explains the gap: {self.dtype} infer vs train {self.train}")
         steps = ["baseline", *self.ranked]
         gaps = [self.baseline_gap, *self.table.loc[self.ranked, "gap_cumulative"]]
         ax2.plot(range(len(steps)), gaps, marker="o", color="#2c3e50")
@@ -81,7 +88,7 @@ class Attribution:
                        rotation=45, ha="right")
         if min(gaps) > 0:
             ax2.set_yscale("log")
-        ax2.set(ylabel="mean |Δ logprob|", title="aligning knobs one after another")
+        ax2.set(ylabel="mean |Δ logprob|", title=f"aligning knobs one after another (train {self.train})")
         ax2.legend()
         fig.tight_layout()
         return fig

@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from aligntools.tracker.store import TOKEN, TOKEN_COORDS, VarSpec, open_store
+from aligntools.tracker.files import publish, write_capture
+from aligntools.tracker.journal import is_journal, load_journal, partial_path, read_index
+from aligntools.tracker.store import EMITTED, TOKEN, TOKEN_COORDS, VarSpec, plain_attrs
 from aligntools.tracker.provenance import library_versions
 from aligntools.sites import sort_sites
 
@@ -76,18 +78,23 @@ class Capture:
     def save(self, path: str | os.PathLike) -> Path:
         """Write to netCDF (``*.nc``, needs h5py) or zarr (``*.zarr``); returns the path.
 
-        Written variable by variable with ``complete=0`` and flipped at the end, so an
-        interrupted save is recognisable as partial when loaded.
+        Written to a temporary sibling and renamed into place, so an interrupted save leaves
+        ``path`` as it was. Attrs are stored as plain Python values, so a capture loaded
+        from either format saves to the other.
         """
         ds = self.dataset.load()  # a lazily loaded capture may be saved over its own file
         specs = {str(n): VarSpec(tuple(map(str, v.dims)), v.dtype, dict(v.attrs)) for n, v in ds.variables.items()}
-        store = open_store(path, {**ds.attrs, "complete": 0})
-        rows = {n: np.asarray(v.values) for n, v in ds.variables.items() if v.dims[:1] == (TOKEN,)}
-        for name, v in ds.variables.items():
-            if v.dims[:1] != (TOKEN,):
-                store.set_static(str(name), specs[str(name)], np.asarray(v.values))
-        store.append(specs, rows, int(ds.sizes.get(TOKEN, 0)))
-        store.close({**ds.attrs})
+        rows = {str(n): np.asarray(v.values) for n, v in ds.variables.items() if v.dims[:1] == (TOKEN,)}
+        n_rows = int(ds.sizes.get(TOKEN, 0))
+
+        def fill(writer) -> None:
+            for name, v in ds.variables.items():
+                if v.dims[:1] != (TOKEN,):
+                    writer.set_static(str(name), specs[str(name)], np.asarray(v.values))
+            writer.append(specs, rows, n_rows)
+
+        attrs = plain_attrs(ds.attrs)
+        publish(Path(path), lambda tmp, fmt: write_capture(tmp, fmt, attrs, n_rows, fill))
         return Path(path)
 
     @classmethod
@@ -100,21 +107,26 @@ class Capture:
         that is not a readable capture raises ``CaptureFileError`` naming the file.
         """
         p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"capture file {p} does not exist")
+        source = _source(p)
         try:
-            if p.is_dir():
-                ds = xr.open_zarr(str(p), consolidated=False)
+            if is_journal(source):
+                ds = load_journal(source)
+            elif source.is_dir():
+                ds = xr.open_zarr(str(source), consolidated=False)
             else:
                 # No mask decoding: it would turn int sites (topk_ids, coords) into float.
-                ds = xr.open_dataset(str(p), engine="h5netcdf", mask_and_scale=False)
+                ds = xr.open_dataset(str(source), engine="h5netcdf", mask_and_scale=False)
                 for var in ds.variables.values():
                     var.attrs.pop("_FillValue", None)
             if not lazy:
                 ds = ds.load()
         except Exception as e:  # noqa: BLE001 - every backend failure becomes one clear error
             hint = " (netCDF reading needs h5py)" if isinstance(e, ImportError) else ""
-            raise CaptureFileError(f"cannot read capture {p}: {type(e).__name__}: {e}{hint}") from e
+            raise CaptureFileError(f"cannot read capture {source}: {type(e).__name__}: {e}{hint}") from e
+        ds = ds.set_coords([v for v in ds.data_vars if str(v).startswith(EMITTED)])
+        ds.attrs = plain_attrs(ds.attrs)
+        for var in ds.variables.values():
+            var.attrs = plain_attrs(var.attrs)
         _validate(ds, p)
         if "stat" in ds.coords:
             ds = ds.assign_coords(stat=np.array([str(x) for x in ds["stat"].values]))
@@ -123,9 +135,31 @@ class Capture:
             ds.attrs["version_mismatch"] = json.dumps(mismatch)
         cap = cls(ds)
         if not cap.complete:
-            warnings.warn(f"capture {p} is partial (complete=0): the run stopped before it finished",
+            where = f" (rows read from its journal {source})" if source != p else ""
+            warnings.warn(f"capture {p} is partial (complete=0): the run stopped before it finished{where}",
                           stacklevel=2)
         return cap
+
+
+def _source(p: Path) -> Path:
+    """What to read for ``p``: the file itself, or the journal of a run that never finished
+    (``kill -9``, exception, budget): see ``aligntools.tracker.journal``."""
+    journal = partial_path(p)
+    if p.exists():
+        if is_journal(journal) and not _journal_complete(journal):
+            warnings.warn(f"{journal} holds a newer, unfinished capture of {p}; reading {p}. "
+                          f"Capture.load({str(journal)!r}) reads the unfinished one", stacklevel=3)
+        return p
+    if is_journal(journal):
+        return journal
+    raise FileNotFoundError(f"capture file {p} does not exist")
+
+
+def _journal_complete(journal: Path) -> bool:
+    try:
+        return bool(int(read_index(journal)["attrs"].get("complete", 0)))
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def _validate(ds: xr.Dataset, path: Path) -> None:

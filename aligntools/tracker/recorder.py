@@ -17,13 +17,18 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from aligntools.tracker.store import TOKEN, TOKEN_COORDS, MemoryStore, Store, VarSpec
+from aligntools.tracker.store import EMITTED, TOKEN, TOKEN_COORDS, MemoryStore, Store, VarSpec
 from aligntools.tracker.derived import NextTokenLogprobs
 from aligntools.sites import sort_sites, trailing_dims
 from aligntools.tracker.stats import STAT_NAMES, row_stats
 from aligntools.tracker.token_meta import TokenMetaLike
 
 DERIVED = ("logprobs", "entropy")
+# Sites an engine emits for some rows only (generate: logits at each request's last token).
+# Their ``emitted.<site>`` int8 mask (1 = emitted) lets compare tell a row the engine never
+# computed (NaN fill) from a NaN blow-up. logprobs is left out: its NaN rows are tokens whose
+# successor was never seen, which the mask of logits already accounts for.
+MASKED = ("logits", "entropy")
 TokenFilter = Callable[[TokenMetaLike], torch.Tensor]  # -> BoolTensor [N]: which rows to keep
 
 
@@ -56,6 +61,7 @@ class Recorder:
         self._derive = NextTokenLogprobs() if self.sites & set(DERIVED) else None
         self._specs: dict[str, VarSpec] = {
             c: VarSpec((TOKEN,), np.dtype(np.int64)) for c in TOKEN_COORDS}
+        self._specs.update({EMITTED + s: VarSpec((TOKEN,), np.dtype(np.int8)) for s in self.sites & set(MASKED)})
         self._dim_sizes: dict[str, int] = {}
         self._keys: dict[tuple[int, int, int], int] = {}
         self._token_of: dict[tuple[int, int], int] = {}
@@ -259,6 +265,8 @@ class Recorder:
         if hi <= lo:
             return
         block = {c: np.asarray(vals[lo:hi], dtype=np.int64) for c, vals in self._coords.items()}
+        for site in self.sites & set(MASKED):
+            block[EMITTED + site] = np.zeros(hi - lo, dtype=np.int8)
         for site, chunks in self._buffer.items():
             now = [(r, d) for r, d in chunks if int(r[0]) < hi]
             if not now:
@@ -266,6 +274,9 @@ class Recorder:
             self._buffer[site] = [(r, d) for r, d in chunks if int(r[0]) >= hi]
             self._buffered_bytes -= sum(d.nbytes for _, d in now)
             block[site] = self._block(self._specs[site], now, lo, hi)
+            if site in MASKED:
+                for rows, _ in now:
+                    block[EMITTED + site][rows.numpy() - lo] = 1
         late = self._patch_late(block, lo, hi)
         self.store.append(self._specs, block, hi - lo)
         self._flushed = hi

@@ -1,10 +1,11 @@
-"""Where a capture's rows go while it is being recorded: memory, a zarr store or netCDF.
+"""Where a capture's rows go while it is being recorded: memory, or a crash-safe journal on disk.
 
-Why one append-only interface for all three: the Tracker flushes blocks of finished token
-rows as it goes, so a long capture streams to disk instead of growing in memory, and a crash
-leaves a file that holds every flushed row with ``complete=0`` (the attr flips to 1 only in
-``close(complete=True)``). ``Capture.save`` uses the same writers, so there is one file
-layout. Every variable is ``(token, ...)`` except ``stat`` (the stats-mode coordinate).
+Why one append-only interface: the Tracker flushes blocks of finished token rows as it goes,
+so a long capture streams to disk instead of growing in memory. On disk the rows go to a
+journal (``aligntools.tracker.journal``) that survives ``kill -9`` at any moment, and the
+``.nc`` / ``.zarr`` file the user asked for (``aligntools.tracker.files``) is written from it
+and renamed into place only when the run finished. Every variable is ``(token, ...)`` except
+``stat`` (the stats-mode coordinate).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import xarray as xr
 
 TOKEN = "token"
 TOKEN_COORDS = ("token_id", "position", "request", "step")
-_CHUNK_BYTES = 8 << 20  # rows per on-disk chunk: about 8 MiB of one variable
+EMITTED = "emitted."  # prefix of the per-site int8 row masks: 1 where the engine emitted the row
 
 
 class CaptureWriteError(OSError):
@@ -56,25 +57,22 @@ class Store(Protocol):
 
 
 def open_store(path: str | os.PathLike | None, attrs: dict) -> Store:
-    """A store for ``path``: ``None`` keeps rows in memory, ``*.zarr`` (or an existing zarr
-    capture directory) writes zarr, anything else writes netCDF4 through h5netcdf.
+    """A store for ``path``: ``None`` keeps rows in memory; a path streams to a crash-safe
+    journal next to it (``.NAME.partial``) that becomes ``path`` when the run finishes.
 
-    Any other existing directory is refused: opening it as zarr would wipe what is in it.
+    The target is checked first (``files.check_target``): a directory or file that is not a
+    capture is refused, never overwritten.
     """
     if path is None:
         return MemoryStore(attrs)
-    p = Path(path)
-    if p.is_dir() and not (p / "zarr.json").exists() and not (p / ".zgroup").exists():
-        raise CaptureWriteError(f"{p} is an existing directory that is not a zarr capture; refusing to "
-                                f"overwrite it. Give a file path (cap.nc) or a new or existing *.zarr capture path")
-    if p.suffix == ".zarr" or p.is_dir():
-        return ZarrStore(p, attrs)
-    return NetCDFStore(p, attrs)
+    from aligntools.tracker.journal import JournalStore
+
+    return JournalStore(Path(path), attrs)
 
 
-def chunk_rows(spec: VarSpec, trailing: tuple[int, ...]) -> int:
-    row_bytes = int(np.prod(trailing, dtype=np.int64)) * spec.dtype.itemsize
-    return int(max(1, min(1 << 16, _CHUNK_BYTES // max(row_bytes, 1))))
+def is_coord(name: str) -> bool:
+    """Token coords and emitted masks are coordinates, not sites."""
+    return name in TOKEN_COORDS or name.startswith(EMITTED)
 
 
 class MemoryStore:
@@ -119,129 +117,33 @@ class MemoryStore:
         for name, rows, values in self._patches:
             data[name][rows] = values
         coords = {n: xr.Variable(self._specs[n].dims, data.pop(n), self._specs[n].attrs)
-                  for n in TOKEN_COORDS if n in data}
+                  for n in list(data) if is_coord(n)}
         for name, (spec, values) in self._static.items():
             coords[name] = xr.Variable(spec.dims, values, spec.attrs)
         variables = {n: xr.Variable(self._specs[n].dims, a, self._specs[n].attrs) for n, a in data.items()}
         return xr.Dataset(variables, coords=coords, attrs=self.attrs)
 
 
-class ZarrStore:
-    """zarr v3 group written array by array; readable by ``xarray.open_zarr`` at any time."""
-
-    def __init__(self, path: Path, attrs: dict) -> None:
-        import zarr
-
-        self.path = path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._group = zarr.open_group(str(path), mode="w", zarr_format=3)
-            self._group.attrs.update(_plain(attrs))
-        except OSError as e:
-            raise CaptureWriteError(f"cannot write capture to {path}: {e.strerror or e}") from e
-        self._n = 0
-
-    def append(self, specs: dict[str, VarSpec], block: dict[str, np.ndarray], n_rows: int) -> None:
-        for name, arr in block.items():
-            if name not in self._group:
-                spec = specs[name]
-                trailing = arr.shape[1:]
-                self._group.create_array(
-                    name, shape=(self._n, *trailing), chunks=(chunk_rows(spec, trailing), *trailing),
-                    dtype=spec.dtype, fill_value=spec.fill, dimension_names=list(spec.dims),
-                    attributes=_var_attrs(name, spec), compressors=None)
-        end = self._n + n_rows
-        for name, arr in self._group.arrays():
-            if arr.metadata.dimension_names and arr.metadata.dimension_names[0] == TOKEN:
-                arr.resize((end, *arr.shape[1:]))
-                if name in block:
-                    arr[self._n:end] = block[name]
-        self._n = end
-
-    def write_rows(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
-        self._group[name].oindex[rows] = values
-
-    def set_static(self, name: str, spec: VarSpec, values: np.ndarray) -> None:
-        arr = self._group.create_array(name, shape=values.shape, dtype=str if values.dtype.kind == "U"
-                                       else values.dtype, dimension_names=list(spec.dims),
-                                       attributes=dict(spec.attrs))
-        arr[:] = values
-
-    def close(self, attrs: dict) -> None:
-        self._group.attrs.update(_plain(attrs))
-
-
-class NetCDFStore:
-    """netCDF4 (HDF5) through h5netcdf with an unlimited ``token`` dim; flushed per append."""
-
-    def __init__(self, path: Path, attrs: dict) -> None:
-        try:
-            import h5netcdf
-
-            self._file = h5netcdf.File(str(path), "w")
-        except ImportError as e:
-            raise CaptureWriteError(
-                f"cannot write netCDF capture {path}: {e}. Install h5py, or save to a '.zarr' path") from e
-        except OSError as e:
-            raise CaptureWriteError(f"cannot write capture to {path}: {e.strerror or e}") from e
-        self.path = path
-        self._file.dimensions[TOKEN] = None
-        self._file.attrs.update(_plain(attrs))
-        self._n = 0
-
-    def _ensure_dims(self, dims: tuple[str, ...], shape: tuple[int, ...]) -> None:
-        for dim, size in zip(dims, shape):
-            if dim not in self._file.dimensions:
-                self._file.dimensions[dim] = size
-
-    def append(self, specs: dict[str, VarSpec], block: dict[str, np.ndarray], n_rows: int) -> None:
-        f = self._file
-        for name, arr in block.items():
-            if name not in f.variables:
-                spec = specs[name]
-                self._ensure_dims(spec.dims[1:], arr.shape[1:])
-                var = f.create_variable(name, spec.dims, dtype=spec.dtype, fillvalue=spec.fill,
-                                        chunks=(chunk_rows(spec, arr.shape[1:]), *arr.shape[1:]))
-                var.attrs.update(_var_attrs(name, spec))
-        end = self._n + n_rows
-        f.resize_dimension(TOKEN, end)
-        for name, arr in block.items():
-            f.variables[name][self._n:end] = arr
-        self._n = end
-        f.flush()
-
-    def write_rows(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
-        var = self._file.variables[name]
-        for r, v in zip(rows.tolist(), values):
-            var[r] = v
-        self._file.flush()
-
-    def set_static(self, name: str, spec: VarSpec, values: np.ndarray) -> None:
-        self._ensure_dims(spec.dims, values.shape)
-        import h5py
-
-        is_text = values.dtype.kind == "U"
-        var = self._file.create_variable(name, spec.dims, dtype=h5py.string_dtype() if is_text else values.dtype)
-        var[:] = values.astype(object) if is_text else values
-        self._file.flush()
-
-    def close(self, attrs: dict) -> None:
-        self._file.attrs.update(_plain(attrs))
-        self._file.close()
-
-
 def _filled(spec: VarSpec, n: int, trailing: tuple[int, ...]) -> np.ndarray:
     return np.full((n, *trailing), spec.fill, dtype=spec.dtype)
 
 
-def _var_attrs(name: str, spec: VarSpec) -> dict:
-    """Variable attrs on disk; row variables name the token coords so readers attach them."""
-    attrs = _plain(spec.attrs)
-    if name not in TOKEN_COORDS:
-        attrs["coordinates"] = " ".join(TOKEN_COORDS)
-    return attrs
-
-
-def _plain(attrs: dict) -> dict:
-    """Attrs as netCDF/zarr-storable scalars (dicts and lists become JSON strings)."""
-    return {k: json.dumps(v) if isinstance(v, (dict, list, tuple)) else v for k, v in attrs.items()}
+def plain_attrs(attrs: dict) -> dict:
+    """Attrs as plain Python scalars that both netCDF and zarr (JSON) store: numpy scalars
+    (netCDF gives ``complete`` back as ``numpy.int64``) become Python ones, bools ints,
+    dicts/lists JSON strings, bytes text; ``None`` values are left out."""
+    out = {}
+    for key, value in attrs.items():
+        if isinstance(value, np.ndarray):
+            value = value.item() if value.size == 1 else value.tolist()
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, (dict, list, tuple)):
+            value = json.dumps(value, default=str)
+        if value is not None:
+            out[str(key)] = value
+    return out

@@ -2,7 +2,7 @@
 
 Ring-linear 5.2.1: "the same input must be provided to both the training and inference
 frameworks, with activations compared module-by-module and layer-by-layer". The Tracker is
-that capture, under the engine-neutral site vocabulary (DESIGN.md section 4), in prefill and
+that capture, under the engine-neutral site vocabulary (docs/sites.md), in prefill and
 in decode (every forward / engine step under the ``with`` block is captured, decode steps
 labelled with their step), without blowing memory (stats mode, ``budget_bytes``, streaming
 to ``out``).
@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from aligntools.adapters import adapter_for
 from aligntools.tracker.capture_dataset import Capture
+from aligntools.tracker.journal import partial_path
 from aligntools.tracker.store import open_store
 from aligntools.tracker.provenance import library_versions
 from aligntools.tracker.recorder import CaptureBudgetExceeded, Recorder, TokenFilter
@@ -56,9 +57,13 @@ class Tracker:
         if out is not None and on_budget == "stats" and mode == "tensor":
             raise ValueError("on_budget='stats' needs the capture in memory (rows already streamed to "
                              "`out` cannot be reduced); use on_budget='error' or out=None")
+        _check_options(mode, budget_bytes, flush_bytes)
         self.adapter = adapter_for(target)
         self.available = self.adapter.available_sites()
         self.sites = select(sites, self.available)
+        if not self.sites:
+            raise ValueError(f"sites={sites!r} selects no site: give glob patterns such as '*' or "
+                             f"'L*.resid_post,logits'")
         self.mode, self.budget_bytes, self.on_budget = mode, budget_bytes, on_budget
         self.token_filter, self.out, self.progress = token_filter, out, progress
         self.flush_bytes = flush_bytes
@@ -103,11 +108,21 @@ class Tracker:
 
 
 def _load_partial(path: str | os.PathLike) -> Capture:
+    """The rows an interrupted run flushed: its journal, never an older file at ``path``."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the caller is already getting the exception
-        return Capture.load(path, lazy=True)
+        return Capture.load(partial_path(path))
+
+
+def _check_options(mode: str, budget_bytes: object, flush_bytes: object) -> None:
+    """Option errors before anything is attached or written (a bad value must not cost a run)."""
+    if mode not in ("tensor", "stats"):
+        raise ValueError(f"mode must be 'tensor' or 'stats', got {mode!r}")
+    for name, value in (("budget_bytes", budget_bytes), ("flush_bytes", flush_bytes)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ValueError(f"{name} must be a positive integer number of bytes, got {value!r}")
 
 
 def capture(target: object, input_ids: torch.Tensor, sites: str | list[str] = "*", mode: Mode = "tensor",
@@ -119,8 +134,12 @@ def capture(target: object, input_ids: torch.Tensor, sites: str | list[str] = "*
     progress bar; other keyword arguments go to ``Tracker``.
     """
     ids = torch.as_tensor(input_ids)
-    if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"input_ids must be an integer tensor [batch, seq]; got {tuple(ids.shape)} {ids.dtype}")
+    if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64) or ids.numel() == 0:
+        raise ValueError(f"input_ids must be a non-empty integer tensor [batch, seq]; got {tuple(ids.shape)} "
+                         f"{ids.dtype}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size <= 0):
+        raise ValueError(f"batch_size must be a positive integer (or None for one call); got {batch_size!r}")
     step = batch_size or ids.shape[0]
     with Tracker(target, sites, mode, **tracker_kwargs) as tracker:
         starts = range(0, ids.shape[0], step)

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from aligntools.analyzer.comparison import Comparison
 
 _TINY = 1e-30
+FONT = 10
+"""Tick and legend font size (points): at 100 dpi a figure is shown about 1:1 in the report's
+column, where matplotlib's small defaults (7 pt site names) were unreadable."""
 
 
 def growth_curve(cmp: Comparison, metric: str = "rel_l2", ax: Axes | None = None) -> Figure:
@@ -28,19 +31,35 @@ def growth_curve(cmp: Comparison, metric: str = "rel_l2", ax: Axes | None = None
     fig, ax = _fig_ax(ax)
     t = cmp.table[cmp.table[metric].notna()]
     x = np.arange(len(t))
-    ax.semilogy(x, np.maximum(t[metric].to_numpy(float), _TINY), ".-", lw=1, label=metric)
+    v = t[metric].to_numpy(float)
+    shown = [v[v > 0]] + ([t["limit"].to_numpy(float)] if metric == "rel_l2" else [])
+    # exact zeros sit on the bottom edge, a decade under the smallest error or limit shown, so
+    # they do not stretch the axis over 30 empty decades
+    floor = np.nanmin(np.concatenate(shown)) / 10 if np.concatenate(shown).size else _TINY
+    y = np.maximum(v, floor)
+    ax.semilogy(x, y, ".-", lw=1, label=metric)
+    if (v == 0).any():
+        ax.semilogy(x[v == 0], y[v == 0], "v", color="green", label="exactly 0")
     if metric == "rel_l2":
         ax.semilogy(x, t["limit"].to_numpy(float), "--", color="gray", lw=1, label="limit")
+    ax.set_ylim(bottom=floor / 1.5)
     fd = cmp.first_divergence
     if fd is not None and fd.site in t.index:
         i = list(t.index).index(fd.site)
-        ax.semilogy([i], [max(t[metric].iloc[i], _TINY)], "o", color="red", ms=9, mfc="none",
-                    label=f"first divergence: {fd.site}")
-    ticks = [i for i, s in enumerate(t.index) if S.parse(s).kind in ("attn_norm", "embed", "final_norm", "logits")]
-    ax.set_xticks(ticks, [t.index[i] for i in ticks], rotation=60, ha="right", fontsize=7)
+        ax.semilogy([i], [y[i]], "o", color="red", ms=9, mfc="none", label=f"first divergence: {fd.site}")
+    g = cmp.growth
+    spikes = g[g["jumps"] & np.isfinite(g["growth"])]["growth"].reindex(t.index).dropna()
+    if len(spikes):  # the largest jump over its inputs, named where the eye lands
+        top = spikes.idxmax()
+        i = list(t.index).index(top)
+        ax.annotate(f"{top} x{spikes[top]:.3g}", (i, y[i]), xytext=(6, 0),
+                    textcoords="offset points", fontsize=FONT, va="center")
+    # one tick per layer start and the head: neighbouring labels (embed, final_norm) would overlap
+    ticks = [i for i, s in enumerate(t.index) if S.parse(s).kind in ("attn_norm", "logits")]
+    ax.set_xticks(ticks, [t.index[i] for i in ticks], rotation=60, ha="right", fontsize=FONT)
     ax.set_ylabel(metric)
     ax.set_title(f"error growth ({cmp.labels[1]} vs {cmp.labels[0]})")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=FONT)
     return fig
 
 
@@ -63,13 +82,13 @@ def _heatmap(cmp: Comparison, sites: list[str], labels: list[str], metric: str, 
     norm = LogNorm(vmin=pos.min(), vmax=max(pos.max(), pos.min() * 10))
     im = ax.imshow(np.where(mat > 0, mat, np.nan), aspect="auto", interpolation="nearest", norm=norm,
                    cmap="magma")
-    ax.set_xticks(range(len(labels)), labels, rotation=60 if len(labels) > 8 else 0, fontsize=7)
+    ax.set_xticks(range(len(labels)), labels, rotation=60 if len(labels) > 8 else 0, fontsize=FONT)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("token (request, position)")
     tok = cmp.alignment.tokens
     step = max(1, len(tok) // 12)
     ax.set_yticks(range(0, len(tok), step),
-                  [f"{r},{p}" for r, p in zip(tok["request"][::step], tok["position"][::step])], fontsize=7)
+                  [f"{r},{p}" for r, p in zip(tok["request"][::step], tok["position"][::step])], fontsize=FONT)
     ax.set_title(title)
     fig.colorbar(im, ax=ax)
     return fig

@@ -1,5 +1,9 @@
 """Self-contained HTML reports: one file with the table, the findings and the plots inside.
 
+Why the layout rules (images at most their column wide, lists and long lines wrapping, wide
+tables scrolling in their own box): the page must read on a laptop screen (1,400 px) without
+sideways scrolling; the browser test in tests/aligntools/viz checks that.
+
 Why one file with base64 PNGs instead of an HTML page next to image files: the report is a CI
 artifact and an attachment to a bug report; it must survive being copied alone, opened
 offline, and diffed by eye. It is written atomically (temporary sibling + rename) so a crashed
@@ -18,15 +22,19 @@ from pathlib import Path
 import pandas as pd
 
 _STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1280px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em;overflow-wrap:anywhere}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+p,li{overflow-wrap:anywhere}
+.scroll{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;font-size:.85em;font-variant-numeric:tabular-nums}
 th,td{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}
 tr.fail td{background:#fde8e8}
 .verdict{font-size:1.2em;font-weight:bold;padding:.6em 1em;border-radius:4px}
 .pass{background:#e5f6e5;color:#155d15}.failv{background:#fde8e8;color:#8a1414}
-pre{background:#f7f7f7;padding:.6em;overflow-x:auto}figure{margin:1em 0}figcaption{color:#555;font-size:.9em}
+pre{background:#f7f7f7;padding:.6em;white-space:pre-wrap;overflow-wrap:anywhere}
+ul.cols{columns:16em;font-size:.9em;font-family:ui-monospace,monospace}
+figure{margin:1em 0}figure img{max-width:100%;height:auto}figcaption{color:#555;font-size:.9em}
 """
 
 
@@ -52,22 +60,31 @@ class Report:
         self._blocks.append(f"<pre>{html.escape(text)}</pre>")
         return self
 
+    def bullets(self, items: list[str]) -> "Report":
+        """A list flowing in as many columns as fit (long settings lists wrap, never overflow)."""
+        self._blocks.append('<ul class="cols">' + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>")
+        return self
+
     def verdict(self, passed: bool, text: str) -> "Report":
         cls = "pass" if passed else "failv"
         self._blocks.append(f'<p class="verdict {cls}">{html.escape(text)}</p>')
         return self
 
-    def table(self, df: pd.DataFrame, failed: pd.Series | None = None, float_format: str = "{:.3g}") -> "Report":
+    def table(self, df: pd.DataFrame, failed: pd.Series | None = None, float_format: str = "{:.3g}",
+              formats: dict[str, str] | None = None) -> "Report":
         """``df`` as an HTML table (index shown as the first column); rows where the boolean
         ``failed`` (aligned with ``df.index``) is True are shaded red. Boolean cells read
-        ``pass`` / ``FAIL``: the tables here are verdict tables."""
+        ``pass`` / ``FAIL``: the tables here are verdict tables. NaN reads ``n/a``.
+        ``formats``: column -> format of its float cells (e.g. ``{"share": "{:.0%}"}``)."""
         head = "".join(f"<th>{html.escape(str(c))}</th>" for c in [df.index.name or "", *df.columns])
+        fmts = [(formats or {}).get(c, float_format) for c in df.columns]
         rows = []
         for idx, row in df.iterrows():
-            cells = [_cell(idx, float_format)] + [_cell(v, float_format) for v in row.tolist()]
+            cells = [_cell(idx, float_format)] + [_cell(v, f) for v, f in zip(row.tolist(), fmts)]
             cls = ' class="fail"' if failed is not None and bool(failed.get(idx, False)) else ""
             rows.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-        self._blocks.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        self._blocks.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
+                            f"<tbody>{''.join(rows)}</tbody></table></div>")
         return self
 
     def figure(self, fig, caption: str = "") -> "Report":
@@ -121,5 +138,5 @@ def _cell(value: object, float_format: str) -> str:
     if isinstance(value, bool):
         return "pass" if value else "<b>FAIL</b>"
     if isinstance(value, float):
-        return html.escape(float_format.format(value))
+        return "n/a" if value != value else html.escape(float_format.format(value))
     return html.escape(str(value))

@@ -3,7 +3,7 @@
 A layer slider picks the layer whose sites are shown token by token; a metric dropdown and
 a site filter (which site kind to follow across layers) drive the second heatmap. State
 lives in plain Python (``Explorer.figure`` and the controls) and every change re-renders
-synchronously, so it behaves the same with or without a browser (DESIGN.md section 7:
+synchronously, so it behaves the same with or without a browser (docs/machine.md:
 headless ipywidgets fire observers but Output text is not captured). Without ipywidgets it
 degrades to the static ``plot_comparison(cmp)`` figure.
 """

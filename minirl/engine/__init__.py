@@ -2,8 +2,7 @@
 
 from minirl.engine.engine import Engine
 from minirl.engine.knobs import Knobs
-from minirl.engine.rollout import Rollout
 from minirl.engine.sampling import SamplingParams
 from minirl.engine.tap import TapHandle, TapMeta
 
-__all__ = ["Engine", "Knobs", "Rollout", "SamplingParams", "TapHandle", "TapMeta"]
+__all__ = ["Engine", "Knobs", "SamplingParams", "TapHandle", "TapMeta"]

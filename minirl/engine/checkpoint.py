@@ -21,7 +21,10 @@ def read_config(path: str | os.PathLike) -> dict:
     if not f.is_file():
         raise FileNotFoundError(f"{f} not found: expected an HF checkpoint directory "
                                 f"(config.json + model.safetensors)")
-    return json.loads(f.read_text())
+    try:
+        return json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{f} is not valid JSON ({e}); re-save the checkpoint's config") from e
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:

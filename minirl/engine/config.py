@@ -5,17 +5,36 @@ thing differently (``num_experts`` vs ``num_local_experts``, ``rope_theta`` vs
 ``rope_parameters``), and a few numerics differ per architecture (Mixtral keeps the top-k
 weights in fp32, Qwen3-MoE casts them to the router logits dtype). Normalising once here keeps
 the compute code free of ``if arch == ...``.
+Which architecture fills the spec is the registry's business (``minirl.engine.archs``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from minirl.engine.bailing import HybridSpec
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "bailing_hybrid")
+@dataclass(frozen=True)
+class HybridSpec:
+    """BailingHybrid (Ring-linear) only: linear-attention / MLA layout and sigmoid-routing details."""
+
+    layer_types: tuple[str, ...]  # "linear_attention" | "full_attention" per layer
+    linear_heads: int
+    linear_head_dim: int
+    conv_kernel: int
+    safe_gate: bool
+    gate_lower_bound: float
+    kv_lora_rank: int
+    qk_nope_dim: int
+    qk_rope_dim: int
+    v_head_dim: int
+    n_group: int
+    topk_group: int
+    routed_scaling_factor: float
+    shared_intermediate_size: int
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "full_attention")
 
 
 @dataclass(frozen=True)
@@ -61,36 +80,35 @@ class ModelSpec:
         return layer in self.moe_layers
 
 
-def spec_from_config(cfg: dict) -> ModelSpec:
-    """Normalise an HF config dict; unsupported features raise naming what is supported."""
-    arch = cfg.get("model_type")
-    if arch not in SUPPORTED_ARCHS:
-        archs = cfg.get("architectures") or []
-        raise ValueError(
-            f"unsupported architecture {arch!r} {archs}; the minirl engine supports model_type "
-            f"{', '.join(SUPPORTED_ARCHS)}. Use the 'hf' engine for other architectures."
-        )
+def check_common(cfg: dict) -> None:
+    """Features no architecture of the engine implements: fail at load, naming the feature."""
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act {act!r} is not supported (SwiGLU with silu only)")
     if cfg.get("use_sliding_window") or "sliding_attention" in (cfg.get("layer_types") or []):
         raise ValueError("sliding-window attention is not supported; set use_sliding_window=false")
-
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    rope_type = rope_params(cfg).get("rope_type", rope_params(cfg).get("type", "default"))
     if rope_type != "default":
         raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default' RoPE)")
-    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    if arch == "bailing_hybrid":  # MLA + linear attention: its own fields (bailing.py)
-        from minirl.engine.bailing import bailing_spec
-        return bailing_spec(cfg, float(theta))
 
+
+def rope_params(cfg: dict) -> dict:
+    """``rope_parameters`` (transformers 5) or the older ``rope_scaling`` dict, else {}."""
+    return cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+
+
+def rope_theta(cfg: dict) -> float:
+    return float(rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+def dense_fields(cfg: dict) -> dict:
+    """The ModelSpec fields every Llama-family decoder shares (attention, dense MLP, RoPE)."""
+    arch = cfg["model_type"]
     hidden, n_heads = cfg["hidden_size"], cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or hidden // n_heads
-    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    eos_ids = eos_token_ids(cfg)
+    partial = rope_params(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     bias = bool(cfg.get("attention_bias", False))
-    common = dict(
+    return dict(
         arch=arch,
         vocab_size=cfg["vocab_size"],
         hidden_size=hidden,
@@ -100,7 +118,7 @@ def spec_from_config(cfg: dict) -> ModelSpec:
         head_dim=head_dim,
         intermediate_size=cfg["intermediate_size"],
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(theta),
+        rope_theta=rope_theta(cfg),
         rotary_dim=int(head_dim * partial),
         max_positions=cfg["max_position_embeddings"],
         qkv_bias=arch == "qwen2" or bias,
@@ -108,24 +126,8 @@ def spec_from_config(cfg: dict) -> ModelSpec:
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         qk_norm=arch in ("qwen3", "qwen3_moe"),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        eos_token_ids=eos_ids,
+        eos_token_ids=eos_token_ids(cfg),
     )
-    if arch == "qwen3_moe":
-        n_experts = cfg.get("num_experts") or cfg["num_local_experts"]
-        step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or [])
-        moe = tuple(i for i in range(common["n_layers"])
-                    if i not in dense and n_experts > 0 and (i + 1) % step == 0)
-        return ModelSpec(**common, moe_layers=moe, n_experts=n_experts, top_k=cfg["num_experts_per_tok"],
-                         moe_intermediate_size=cfg["moe_intermediate_size"],
-                         renormalize=bool(cfg.get("norm_topk_prob", False)),
-                         topk_weights_in_logits_dtype=True)
-    if arch == "mixtral":
-        # Mixtral's intermediate_size *is* the expert size; every layer is sparse.
-        return ModelSpec(**common, moe_layers=tuple(range(common["n_layers"])),
-                         n_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
-                         moe_intermediate_size=cfg["intermediate_size"], renormalize=True,
-                         topk_weights_in_logits_dtype=False)
-    return ModelSpec(**common)
 
 
 def eos_token_ids(cfg: dict) -> tuple[int, ...]:

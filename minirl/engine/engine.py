@@ -16,22 +16,17 @@ from pathlib import Path
 import torch
 
 import kernels
-from minirl.engine.attention import BACKENDS
-from minirl.engine.bailing import BailingTransformer
+from minirl.engine import archs
 from minirl.engine.batch import ForwardBatch
 from minirl.engine.checkpoint import read_config, read_safetensors
-from minirl.engine.config import ModelSpec, spec_from_config
+from minirl.engine.config import ModelSpec
 from minirl.engine.knobs import Knobs
 from minirl.engine.kv_cache import KVCache
-from minirl.engine.model import Transformer
-from minirl.engine.moe import SUM_ORDERS
-from minirl.engine.ops import ACTIVATIONS, resolve_dtype
-from minirl.engine.rollout import Rollout
+from minirl.engine.ops import resolve_dtype
 from minirl.engine.sampling import SamplingParams, sample
 from minirl.engine.tap import Tap, TapHandle
 from minirl.engine.weight_map import WeightMap
-
-DECODE_MODES = ("incremental", "recompute")
+from minirl.rollout import Rollout
 
 
 class Engine:
@@ -46,13 +41,15 @@ class Engine:
     def __init__(self, config: dict, hf_weights: Mapping[str, torch.Tensor], *,
                  dtype: str | torch.dtype = "float32", knobs: Knobs | None = None) -> None:
         self.config = config
-        self.spec: ModelSpec = spec_from_config(config)
+        self.spec: ModelSpec
+        self.spec, arch = archs.resolve(config)
         self.knobs = knobs if knobs is not None else Knobs.typical_inference()
+        if not isinstance(self.knobs, Knobs):
+            raise TypeError(f"knobs must be a minirl.Knobs (e.g. Knobs.aligned()); got {type(self.knobs).__name__}")
         self.dtype = resolve_dtype(dtype)
-        _check_knobs(self.knobs, self.spec, self.dtype)
-        model_cls = BailingTransformer if self.spec.hybrid is not None else Transformer
-        self.model = model_cls(self.spec, self.knobs, self.dtype)
-        self._weight_map = WeightMap(self.spec)
+        self.knobs.validate(self.spec, self.dtype)
+        self.model = arch.model(self.spec, self.knobs, self.dtype)
+        self._weight_map = WeightMap(self.spec, arch.recipes(self.spec))
         self.model.load(self._weight_map.fuse(hf_weights))
         self._taps: list[Callable] = []
         self.path: Path | None = None  # the checkpoint directory, when loaded from one
@@ -64,7 +61,7 @@ class Engine:
         if torch.device(device).type != "cpu":
             raise NotImplementedError(f"device={device!r}: the minirl engine runs on CPU only for now")
         config = read_config(path)
-        spec_from_config(config)  # an unsupported model fails before its weights are read
+        archs.resolve(config)  # an unsupported model fails before its weights are read
         engine = cls(config, read_safetensors(path), dtype=dtype, knobs=knobs)
         engine.path = Path(path)
         return engine
@@ -94,8 +91,13 @@ class Engine:
         Everything is validated before anything is copied: on a mismatch the error lists the
         first offending names and the engine keeps its old weights.
         """
-        sd = (model_or_state_dict.state_dict() if isinstance(model_or_state_dict, torch.nn.Module)
-              else model_or_state_dict)
+        if isinstance(model_or_state_dict, torch.nn.Module):
+            sd = model_or_state_dict.state_dict()
+        elif isinstance(model_or_state_dict, Mapping):
+            sd = model_or_state_dict
+        else:
+            raise TypeError(f"load_weights takes the training model (an nn.Module) or its state_dict() "
+                            f"(a mapping of HF names to tensors); got {type(model_or_state_dict).__name__}")
         self.model.load(self._weight_map.fuse(sd))
 
     # ------------------------------------------------------------------ scoring
@@ -237,6 +239,10 @@ class Engine:
                     f"{what}[{i}] has {len(s)} tokens but the model's max_position_embeddings is "
                     f"{self.spec.max_positions}" + (" (one position must stay free to generate)" if room else "")
                     + f"; truncate it to at most {limit} tokens")
+            kinds = {type(t).__name__ for t in s if isinstance(t, bool) or not isinstance(t, int)}
+            if kinds:
+                raise TypeError(f"{what}[{i}] holds {', '.join(sorted(kinds))} values; token ids must be ints "
+                                f"(tokenize text first; use tensor.tolist() on a LongTensor)")
             bad = [t for t in s if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{what}[{i}] has token ids outside [0, {vocab}): {bad[:5]}")
@@ -245,27 +251,3 @@ class Engine:
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat`` that does not copy the single part of an unsplit batch (every decode step)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _check_knobs(knobs: Knobs, spec: ModelSpec, dtype: torch.dtype) -> None:
-    """Fail at construction, naming the knob and its valid values."""
-    choices = {"attention": BACKENDS, "decode": DECODE_MODES, "expert_sum_order": SUM_ORDERS,
-               "activation": ACTIVATIONS}
-    for name, valid in choices.items():
-        if getattr(knobs, name) not in valid:
-            raise ValueError(f"knob {name}={getattr(knobs, name)!r}; valid: {list(valid)}")
-    for name, op in (("rmsnorm", "rmsnorm"), ("rope", "rope"), ("topk", "router_topk")):
-        if getattr(knobs, name) not in kernels.variants(op):
-            raise ValueError(f"knob {name}={getattr(knobs, name)!r} is not a kernels {op} variant; "
-                             f"valid: {kernels.variants(op)}")
-        if getattr(knobs, name) == "triton":  # the engine runs on CPU, where Triton cannot launch
-            raise ValueError(f"knob {name}='triton' needs a GPU and the engine runs on CPU; use its "
-                             f"torch twin {name}={kernels.TORCH_TWIN[op]!r} (same numerics)")
-    for name in ("weight_dtype", "lm_head_dtype", "router_dtype", "kv_cache_dtype", "rope_cache_dtype"):
-        resolve_dtype(getattr(knobs, name), dtype)
-    sizes = {"attention heads": spec.n_heads, "intermediate_size": spec.intermediate_size}
-    if spec.moe_layers:
-        sizes["moe_intermediate_size"] = spec.moe_intermediate_size
-    bad = [f"{k}={v}" for k, v in sizes.items() if knobs.tp < 1 or v % knobs.tp]
-    if bad:
-        raise ValueError(f"knob tp={knobs.tp} must be >= 1 and divide {', '.join(bad)}")

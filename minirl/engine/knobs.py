@@ -12,7 +12,17 @@ top-k and deterministic expert summation order.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from minirl.engine.config import ModelSpec
+
+DECODE_MODES = ("incremental", "recompute")
+_DTYPE_KNOBS = ("weight_dtype", "lm_head_dtype", "router_dtype", "kv_cache_dtype", "rope_cache_dtype")
 
 
 @dataclass(frozen=True)
@@ -140,13 +150,83 @@ class Knobs:
             raise ValueError(f"unknown knob(s) {unknown}; valid knobs: {sorted(valid)}")
         return dataclasses.replace(self, **changes)
 
-    def diff(self, other: "Knobs") -> dict[str, tuple[object, object]]:
-        """Fields that differ: name -> (self value, other value)."""
-        return {
-            f.name: (getattr(self, f.name), getattr(other, f.name))
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) != getattr(other, f.name)
-        }
-
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+    # ------------------------------------------------------------------ validation: the one place
+    def __post_init__(self) -> None:
+        """Types are checked on construction: ``Knobs(batch_invariant="no")`` must not act as True."""
+        for f in dataclasses.fields(self):
+            value, kinds = getattr(self, f.name), _field_types(f.name)
+            ok = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool)) for k in kinds)
+            if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
+                ok = True
+            if not ok:
+                names = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+                raise TypeError(f"knob {f.name}={value!r} must be {names}, not {type(value).__name__}")
+
+    def validate(self, spec: ModelSpec | None = None, dtype: torch.dtype | None = None) -> "Knobs":
+        """Every value is one the engine implements (a kernels variant, a backend, a dtype name) and,
+        given the model ``spec`` and activation ``dtype``, fits it (``tp`` divides the split sizes).
+        Raises ValueError naming the knob and its valid values; returns self."""
+        import kernels
+        from minirl.engine.attention import BACKENDS
+        from minirl.engine.moe import SUM_ORDERS
+        from minirl.engine.ops import ACTIVATIONS, resolve_dtype
+
+        choices = {"attention": BACKENDS, "decode": DECODE_MODES, "expert_sum_order": SUM_ORDERS,
+                   "activation": ACTIVATIONS}
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"knob {name}={getattr(self, name)!r}; valid: {list(valid)}")
+        for name, op in (("rmsnorm", "rmsnorm"), ("rope", "rope"), ("topk", "router_topk")):
+            if getattr(self, name) not in kernels.variants(op):
+                raise ValueError(f"knob {name}={getattr(self, name)!r} is not a kernels {op} variant; "
+                                 f"valid: {kernels.variants(op)}")
+            if getattr(self, name) == "triton":  # the engine runs on CPU, where Triton cannot launch
+                raise ValueError(f"knob {name}='triton' needs a GPU and the engine runs on CPU; use its "
+                                 f"torch twin {name}={kernels.TORCH_TWIN[op]!r} (same numerics)")
+        for name in _DTYPE_KNOBS:
+            resolve_dtype(getattr(self, name), torch.float32 if dtype is None else dtype)
+        if self.tp < 1:
+            raise ValueError(f"knob tp={self.tp} must be >= 1")
+        if self.rmsnorm_eps is not None and not self.rmsnorm_eps > 0:
+            raise ValueError(f"knob rmsnorm_eps={self.rmsnorm_eps} must be > 0 (or None: read from config.json)")
+        if spec is not None:
+            sizes = {"attention heads": spec.n_heads, "intermediate_size": spec.intermediate_size}
+            if spec.moe_layers:
+                sizes["moe_intermediate_size"] = spec.moe_intermediate_size
+            bad = [f"{k}={v}" for k, v in sizes.items() if v % self.tp]
+            if bad:
+                raise ValueError(f"knob tp={self.tp} must divide {', '.join(bad)}")
+        return self
+
+    @classmethod
+    def parse_value(cls, name: str, text: str) -> object:
+        """Text (an engine spec's ``tp=2``, ``batch_invariant=true``, ``rmsnorm_eps=none``) -> the
+        value of knob ``name`` in its field's type; unknown names raise listing the valid knobs."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        if name not in names:
+            raise ValueError(f"unknown knob {name!r}; valid knobs: {', '.join(names)}")
+        kinds = _field_types(name)
+        if type(None) in kinds and text.lower() in ("none", "null"):
+            return None
+        for kind in (k for k in kinds if k is not type(None)):
+            if kind is bool:
+                if text.lower() in ("true", "1", "yes", "on"):
+                    return True
+                if text.lower() in ("false", "0", "no", "off"):
+                    return False
+                raise ValueError(f"knob {name} is a bool (true/false); got {text!r}")
+            try:
+                return kind(text)
+            except ValueError:
+                continue
+        raise ValueError(f"knob {name} expects {' or '.join(k.__name__ for k in kinds)}; got {text!r}")
+
+
+def _field_types(name: str) -> tuple[type, ...]:
+    """The runtime types a Knobs field accepts (``float | None`` -> (float, NoneType))."""
+    hint = typing.get_type_hints(Knobs)[name]
+    return typing.get_args(hint) or (hint,)

@@ -11,6 +11,7 @@ ops (no per-sequence Python loop). ``argmax(z + Gumbel)`` is an exact sample of
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,16 @@ class SamplingParams:
     """also return logprobs under the processed (temperature/top-k/top-p) distribution."""
 
     def __post_init__(self) -> None:
+        for name in ("n", "top_k", "max_new_tokens"):
+            _require_int(name, getattr(self, name))
+        if self.seed is not None:
+            _require_int("seed", self.seed)
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name}={value!r}: must be a finite number")
+        for t in self.stop_token_ids:
+            _require_int("stop_token_ids entry", t)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if self.n < 1:
             raise ValueError(f"n={self.n}: need at least one sample per prompt (n >= 1)")
@@ -50,6 +61,12 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k}: use a positive k, or 0 / -1 to disable")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
+
+
+def _require_int(name: str, value: object) -> None:
+    """Integers only: ``max_new_tokens=2.5`` or ``n=True`` is a mistake, not a value to round."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r}: must be an int, not {type(value).__name__}")
 
 
 _U64 = 1 << 64

@@ -1,6 +1,6 @@
 """Explicit observation points of the minirl engine (what the aligntools Tracker hooks).
 
-The engine calls every registered tap at each site of DESIGN.md section 4, in prefill and
+The engine calls every registered tap at each site of docs/sites.md, in prefill and
 in every decode step. Why explicit taps instead of forward hooks: the engine's modules are
 fused (qkv, gate_up, add+norm), so the interesting values are *inside* a module; the engine
 knows where they are and emits them already un-fused, flat over valid tokens.

@@ -21,19 +21,19 @@ Shape = tuple[int, ...]
 Combine = Callable[[list[torch.Tensor]], torch.Tensor]
 
 
-def _one(ts: list[torch.Tensor]) -> torch.Tensor:
+def one(ts: list[torch.Tensor]) -> torch.Tensor:
     return ts[0]
 
 
-def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
+def cat(ts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(ts, dim=0)
 
 
-def _stack(ts: list[torch.Tensor]) -> torch.Tensor:
+def stack(ts: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(ts, dim=0)
 
 
-def _stack_gate_up(ts: list[torch.Tensor]) -> torch.Tensor:
+def stack_gate_up(ts: list[torch.Tensor]) -> torch.Tensor:
     """[gate_0..gate_{E-1}, up_0..up_{E-1}] ([I, H] each) -> [E, 2I, H] (gate rows first)."""
     e = len(ts) // 2
     return torch.stack([torch.cat((g, u), dim=0) for g, u in zip(ts[:e], ts[e:])], dim=0)
@@ -57,81 +57,31 @@ class WeightMismatchError(ValueError):
     """A state dict does not fit the engine; lists the first offending names."""
 
 
-def _recipes(spec: ModelSpec) -> list[Recipe]:
-    if spec.hybrid is not None:  # BailingHybrid: MLA + linear-attention tensors (bailing.py)
-        from minirl.engine.bailing import bailing_recipes
-        return bailing_recipes(spec)
-    h, q, kv, hd = spec.hidden_size, spec.q_size, spec.kv_size, spec.head_dim
-    out = [Recipe("embed", (Layout((("model.embed_tokens.weight", (spec.vocab_size, h)),), _one),)),
-           Recipe("final_norm", (Layout((("model.norm.weight", (h,)),), _one),))]
-    if not spec.tie_word_embeddings:
-        out.append(Recipe("lm_head", (Layout((("lm_head.weight", (spec.vocab_size, h)),), _one),)))
-
-    def single(target: str, name: str, shape: Shape) -> Recipe:
-        return Recipe(target, (Layout(((name, shape),), _one),))
-
-    for i in range(spec.n_layers):
-        p, t = f"model.layers.{i}.", f"L{i}."
-        a = p + "self_attn."
-        out += [single(t + "attn_norm", p + "input_layernorm.weight", (h,)),
-                single(t + "mlp_norm", p + "post_attention_layernorm.weight", (h,)),
-                Recipe(t + "qkv", (Layout(((a + "q_proj.weight", (q, h)), (a + "k_proj.weight", (kv, h)),
-                                           (a + "v_proj.weight", (kv, h))), _cat),)),
-                single(t + "o", a + "o_proj.weight", (h, q))]
-        if spec.qkv_bias:
-            out.append(Recipe(t + "qkv_bias", (Layout(((a + "q_proj.bias", (q,)), (a + "k_proj.bias", (kv,)),
-                                                       (a + "v_proj.bias", (kv,))), _cat),)))
-        if spec.o_bias:
-            out.append(single(t + "o_bias", a + "o_proj.bias", (h,)))
-        if spec.qk_norm:
-            out += [single(t + "q_norm", a + "q_norm.weight", (hd,)),
-                    single(t + "k_norm", a + "k_norm.weight", (hd,))]
-        if spec.is_moe(i):
-            out += _moe_recipes(spec, i)
-        else:
-            m, n = p + "mlp.", spec.intermediate_size
-            out += [Recipe(t + "gate_up", (Layout(((m + "gate_proj.weight", (n, h)),
-                                                   (m + "up_proj.weight", (n, h))), _cat),)),
-                    single(t + "down", m + "down_proj.weight", (h, n))]
-            if spec.mlp_bias:
-                out += [Recipe(t + "gate_up_bias", (Layout(((m + "gate_proj.bias", (n,)),
-                                                            (m + "up_proj.bias", (n,))), _cat),)),
-                        single(t + "down_bias", m + "down_proj.bias", (h,))]
-    return out
-
-
-def _moe_recipes(spec: ModelSpec, i: int) -> list[Recipe]:
-    h, n, e = spec.hidden_size, spec.moe_intermediate_size, spec.n_experts
-    p, t = f"model.layers.{i}.", f"L{i}."
-    fused = p + "mlp."  # transformers 5 in-memory layout, both architectures
-    if spec.arch == "mixtral":
-        disk, gate, up, down = p + "block_sparse_moe.", "w1", "w3", "w2"
-    else:
-        disk, gate, up, down = p + "mlp.", "gate_proj", "up_proj", "down_proj"
-    per_expert = [[(f"{disk}experts.{j}.{w}.weight", shape) for j in range(e)]
-                  for w, shape in ((gate, (n, h)), (up, (n, h)), (down, (h, n)))]
-    return [
-        Recipe(t + "router", (Layout(((disk + "gate.weight", (e, h)),), _one),
-                              Layout(((fused + "gate.weight", (e, h)),), _one))),
-        Recipe(t + "experts_gate_up", (Layout(tuple(per_expert[0] + per_expert[1]), _stack_gate_up),
-                                       Layout(((fused + "experts.gate_up_proj", (e, 2 * n, h)),), _one))),
-        Recipe(t + "experts_down", (Layout(tuple(per_expert[2]), _stack),
-                                    Layout(((fused + "experts.down_proj", (e, h, n)),), _one))),
-    ]
+def single(target: str, name: str, shape: Shape) -> Recipe:
+    """An engine tensor that is one HF tensor as is."""
+    return Recipe(target, (Layout(((name, shape),), one),))
 
 
 class WeightMap:
-    """Builds the engine's fused tensors from an HF-named state dict."""
+    """Builds the engine's fused tensors from an HF-named state dict, following the recipes of
+    the checkpoint's architecture (``minirl.engine.archs``)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, recipes: list[Recipe]) -> None:
         self.spec = spec
-        self.recipes = _recipes(spec)
+        self.recipes = recipes
 
     def fuse(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Validate ``hf`` completely, then return {engine name: fused tensor}.
 
         Raises WeightMismatchError listing the first missing / unexpected / wrong-shape names.
         """
+        not_tensors = [n for n, v in hf.items() if not isinstance(v, torch.Tensor)]
+        meta = [n for n, v in hf.items() if isinstance(v, torch.Tensor) and v.is_meta]
+        if not_tensors or meta:
+            what = (f"{len(not_tensors)} entries are not tensors ({', '.join(not_tensors[:3])})" if not_tensors
+                    else f"{len(meta)} tensors are on the meta device and hold no data ({', '.join(meta[:3])})")
+            raise WeightMismatchError(f"cannot load weights: {what}; engine weights left untouched. Pass a "
+                                      f"materialised model or state dict.")
         chosen: list[tuple[Recipe, Layout]] = []
         missing: list[str] = []
         bad_shape: list[str] = []

@@ -1,4 +1,4 @@
-"""Kernel tests: Triton kernels run through the interpreter on CPU (DESIGN.md section 7).
+"""Kernel tests: Triton kernels run through the interpreter on CPU (docs/machine.md).
 
 ``TRITON_INTERPRET`` must be in the environment before triton decorates a kernel; the kernel
 modules are imported lazily, so setting it here (before any test runs) is enough even if the
@@ -8,14 +8,9 @@ top-level conftest did not. It is only set when there is no GPU, so a CUDA machi
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# The suite runs with --import-mode=importlib, which puts no test folder on sys.path; the
-# shared helpers of this folder (kernels_testutil.py) are imported by name.
-sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels_testutil import max_ulps
+from tests.kernels.kernels_testutil import max_ulps
 
 import kernels
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels_testutil import max_rel_err, max_ulps, mean_abs_err, ulp
+from tests.kernels.kernels_testutil import max_rel_err, max_ulps, mean_abs_err, ulp
 
 import kernels
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels_testutil import max_ulps, mean_abs_err, ulp
+from tests.kernels.kernels_testutil import max_ulps, mean_abs_err, ulp
 
 import kernels
 from kernels import rope as rope_mod

@@ -1,0 +1,80 @@
+"""Per-step metrics of a run, written to netCDF as they are produced, and their plots.
+
+Crash safety: after every step the whole log is written to a temporary file and renamed over
+the previous one (``os.replace`` is atomic), so a run killed at any point leaves the last
+complete log readable. Logs are small (one row of floats per step), so rewriting is cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+from matplotlib.figure import Figure
+
+#: panels of ``plot``: title -> metrics drawn in it (those present in the log).
+PANELS = {
+    "reward": ["reward", "eval_accuracy"],
+    "response length": ["length"],
+    "entropy": ["entropy", "entropy_masked"],
+    "gradient norm": ["grad_norm"],
+    "train-infer mismatch": ["mismatch_kl_k1", "mismatch_kl_k3", "abs_dlogp_mean"],
+    "max |delta logprob|": ["abs_dlogp_max"],
+    "tokens corrected": ["frac_masked", "frac_clipped_low", "frac_clipped_high"],
+    "step time (s)": ["time_rollout", "time_old_logprobs", "time_update", "time_sync"],
+}
+
+
+class RunLog:
+    """Rows of ``{metric: float}`` keyed by step, mirrored to ``path`` after each ``append``."""
+
+    def __init__(self, path: str | os.PathLike, rows: list[dict] | None = None) -> None:
+        self.path = Path(path)
+        self.rows: list[dict] = [dict(r) for r in rows or []]
+
+    def append(self, step: int, metrics: dict[str, float]) -> None:
+        self.rows.append({"step": int(step), **{k: float(v) for k, v in metrics.items()}})
+        self.flush()
+
+    def flush(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        to_dataset(self.rows).to_netcdf(tmp, engine="h5netcdf")
+        os.replace(tmp, self.path)
+
+
+def to_dataset(rows: list[dict]) -> xr.Dataset:
+    """Rows -> Dataset with dim ``row`` (coordinate ``step``); missing values are NaN."""
+    names = sorted({k for r in rows for k in r} - {"step"})
+    data = {n: ("row", np.array([r.get(n, math.nan) for r in rows], dtype=np.float64)) for n in names}
+    return xr.Dataset(data, coords={"step": ("row", np.array([r["step"] for r in rows], dtype=np.int64))})
+
+
+def load(path: str | os.PathLike) -> xr.Dataset:
+    """Read a run log (loaded into memory, the file is closed)."""
+    with xr.open_dataset(path, engine="h5netcdf") as ds:
+        return ds.load()
+
+
+def plot(log: xr.Dataset | str | os.PathLike) -> list[Figure]:
+    """One Figure per panel of ``PANELS`` that has data (matplotlib ``Figure``, no pyplot state)."""
+    ds = log if isinstance(log, xr.Dataset) else load(log)
+    figures = []
+    for title, names in PANELS.items():
+        present = [n for n in names if n in ds and bool(np.isfinite(ds[n].values).any())]
+        if not present:
+            continue
+        fig = Figure(figsize=(5, 3))
+        ax = fig.add_subplot()
+        for n in present:
+            ok = np.isfinite(ds[n].values)
+            ax.plot(ds["step"].values[ok], ds[n].values[ok], marker=".", label=n)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        figures.append(fig)
+    return figures

@@ -1,0 +1,57 @@
+"""Verifiable tasks for RL: seeded generators and verifiers (reward = verifier result).
+
+    >>> from minirl import tasks
+    >>> train, held_out = tasks.splits(tasks.get("arithmetic"), n_train=1000, n_eval=64, seed=0)
+
+``datasets/<task>_eval.jsonl`` are exported copies of the eval splits (``export``), for
+reference; training always regenerates from the seed, so an installed package needs no files.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Callable
+
+from minirl.tasks.arithmetic import Arithmetic
+from minirl.tasks.base import Problem, Task, answer_text, splits
+from minirl.tasks.countdown import Countdown
+from minirl.tasks.sorting import Sorting
+
+_REGISTRY: dict[str, Callable[..., Task]] = {"arithmetic": Arithmetic, "countdown": Countdown, "sorting": Sorting}
+
+
+def register(name: str, factory: Callable[..., Task]) -> None:
+    """Make ``factory(**task_kwargs)`` available as ``TrainConfig.task = name``."""
+    _REGISTRY[name] = factory
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get(name: str, **kwargs) -> Task:
+    """The task called ``name``, built with ``kwargs`` (e.g. ``digits=3``)."""
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown task {name!r}{hint}; valid: {', '.join(names())}")
+    return _REGISTRY[name](**kwargs)
+
+
+def export(problems: list[Problem], path: str | os.PathLike) -> None:
+    """Write problems as jsonl (prompt, answer, meta), one per line."""
+    with open(path, "w") as f:
+        for p in problems:
+            f.write(json.dumps({"prompt": p.prompt, "answer": p.answer, "meta": p.meta}) + "\n")
+
+
+def load(path: str | os.PathLike) -> list[Problem]:
+    """Read problems written by ``export``."""
+    with open(path) as f:
+        return [Problem(**json.loads(line)) for line in f if line.strip()]
+
+
+__all__ = ["Arithmetic", "Countdown", "Problem", "Sorting", "Task", "answer_text", "export", "get", "load",
+           "names", "register", "splits"]

@@ -1,0 +1,99 @@
+"""The training engine's forward: token log-probs (and entropy) of a transformers causal LM.
+
+Sequences are right-padded into one batch (causal attention: a real token never sees the
+padding after it). The lm_head + log-softmax runs through the fused chunked ``logprobs``
+kernel (Triton on CUDA), so peak memory does not scale with tokens x vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from minirl import router_replay
+
+
+@dataclass
+class Forward:
+    """Padded outputs of one forward over B sequences of max length L."""
+
+    logp: torch.Tensor  # [B, L-1] float32; [b, t-1] = log p(token t | tokens < t), 0 on padding
+    entropy: torch.Tensor  # [B, L-1] float32 entropy of the predictive distribution at t-1
+    valid: torch.Tensor  # [B, L-1] bool, t < len(sequence b)
+    routing: list[torch.Tensor] | None  # R2 record: per sequence [len, n_moe_layers, k] int64
+
+
+def forward(model: torch.nn.Module, sequences: list[list[int]],
+            routed_experts: list[torch.Tensor] | None = None, record_routing: bool = False) -> Forward:
+    """Forward with autograd (the caller picks ``torch.no_grad`` for the old-logprob pass).
+
+    ``routed_experts`` (R3, or R2 replay): per sequence [len, n_moe_layers, k] int64, the
+    experts each MoE layer must use. ``record_routing``: return the experts chosen (R2)."""
+    _check_sequences(sequences)
+    lens = [len(s) for s in sequences]
+    b, length = len(sequences), max(lens)
+    device = next(model.parameters()).device
+    ids = torch.zeros(b, length, dtype=torch.long)  # [B, L], right-padded with id 0
+    for i, s in enumerate(sequences):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    ids = ids.to(device)
+
+    ctx = router_replay.record(model) if record_routing else None
+    if routed_experts is not None:
+        ctx = router_replay.replay(model, _replay_ids(model, routed_experts, lens, length))
+    if ctx is None:
+        hidden = model.base_model(input_ids=ids).last_hidden_state  # [B, L, H]
+        calls = None
+    else:
+        with ctx as calls:
+            hidden = model.base_model(input_ids=ids).last_hidden_state
+
+    valid = torch.arange(length - 1, device=device)[None, :] < (torch.tensor(lens, device=device)[:, None] - 1)
+    targets = ids[:, 1:][valid]  # [N]
+    weight = model.get_output_embeddings().weight  # [V, H]
+    lp, ent = kernels.fast("logprobs", device)(hidden[:, :-1][valid], weight, targets)  # [N] each
+    logp = torch.zeros(b, length - 1, dtype=torch.float32, device=device).masked_scatter(valid, lp.float())
+    entropy = torch.zeros_like(logp).masked_scatter(valid, ent.detach().float())
+    routing = None
+    if record_routing:
+        stacked = torch.stack(calls, dim=1).view(b, length, len(calls), -1)  # [B, L, n_moe, k]
+        routing = [stacked[i, :n].cpu() for i, n in enumerate(lens)]
+    return Forward(logp, entropy, valid, routing)
+
+
+def trainer_logprobs(model: torch.nn.Module, sequences: list[list[int]],
+                     routed_experts: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """For each token list, float32 [len - 1] with entry ``t - 1`` = log p(token t | tokens < t)
+    under the training engine. With ``routed_experts`` (one int64 [len, n_moe_layers, k] per
+    sequence, ``torch.cat([rollout.prompt_routed_experts, rollout.routed_experts])``), the MoE
+    layers use those experts (R3 router replay, CompassMax §2.4.4)."""
+    with torch.no_grad():
+        out = forward(model, sequences, routed_experts)
+    return [out.logp[i, : len(s) - 1].cpu() for i, s in enumerate(sequences)]
+
+
+def _replay_ids(model: torch.nn.Module, routed: list[torch.Tensor], lens: list[int], length: int
+                ) -> list[torch.Tensor]:
+    """Per-sequence [len, n_moe, k] -> per-layer [B * L, k] in the routers' row order
+    (padding rows route to experts 0..k-1; their outputs are never read)."""
+    n_moe, k = len(router_replay.routers(model)), router_replay.top_k(model)
+    if len(routed) != len(lens):
+        raise ValueError(f"routed_experts has {len(routed)} entries for {len(lens)} sequences; pass one each")
+    padded = torch.arange(k).expand(len(lens), length, n_moe, k).clone()  # [B, L, n_moe, k]
+    for i, (r, n) in enumerate(zip(routed, lens)):
+        if tuple(r.shape) != (n, n_moe, k):
+            raise ValueError(f"routed_experts[{i}] has shape {tuple(r.shape)}, expected ({n}, {n_moe}, {k}) = "
+                             f"[len(sequence), n_moe_layers, top_k]; build it as torch.cat("
+                             f"[rollout.prompt_routed_experts, rollout.routed_experts])")
+        padded[i, :n] = r.long()
+    return [padded[:, :, layer].reshape(-1, k) for layer in range(n_moe)]
+
+
+def _check_sequences(sequences: list[list[int]]) -> None:
+    if not isinstance(sequences, list) or not sequences:
+        raise ValueError("sequences must be a non-empty list of token-id lists")
+    short = [i for i, s in enumerate(sequences) if len(s) < 2]
+    if short:
+        raise ValueError(f"sequences {short[:5]} have fewer than 2 tokens: nothing to score")

@@ -1,0 +1,103 @@
+"""Bad input degrades to findings: disjoint sites, stats vs tensor, dtypes, shapes, types."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+import aligntools
+from aligntools.tracker.stats import STAT_NAMES, row_stats
+from tests.aligntools.analyzer.analyzer_synth import make_capture, noise
+
+
+def to_stats(ds: xr.Dataset) -> xr.Dataset:
+    """The stats-mode capture of the same run (Tracker's row_stats on every float site)."""
+    out = {}
+    for site in ds.data_vars:
+        x = torch.from_numpy(np.ascontiguousarray(ds[site].values))
+        out[site] = (("token", "stat"), row_stats(x).numpy(), ds[site].attrs)
+    return xr.Dataset(out, coords={**{c: ds.coords[c] for c in ("request", "position", "token_id", "step")},
+                                   "stat": list(STAT_NAMES)}, attrs={**ds.attrs, "mode": "stats"})
+
+
+def test_disjoint_sites_compare_the_intersection(synth):
+    a = synth.drop_vars(["L0.q", "logits"])
+    b = synth.drop_vars(["L2.v"])
+    cmp = aligntools.compare(a, b)
+    assert "L0.q" not in cmp.table.index and "L2.v" not in cmp.table.index
+    assert cmp.only_a == ("L2.v",) and cmp.only_b == ("L0.q", "logits")
+    assert "only in b (not compared): L0.q, logits" in cmp.summary()
+
+
+def test_no_common_site_is_a_clear_error(synth):
+    with pytest.raises(ValueError, match="share no site"):
+        aligntools.compare(synth[["L0.q"]], synth[["L0.k"]])
+
+
+def test_stats_vs_tensor_compares_stats_as_lower_bounds(synth):
+    st = to_stats(synth)
+    same = aligntools.compare(synth, st)
+    assert same.passes and set(same.table["basis"].dropna()) == {"stats", "ids"}
+    assert same.table.loc["L0.q", "exact"] == 1.0  # content hashes agree
+    b = noise(synth, {"L1.mlp_out": 1e-2})
+    full, bound = aligntools.compare(synth, b), aligntools.compare(synth, to_stats(b))
+    assert 0 < bound.table.loc["L1.mlp_out", "rel_l2"] <= full.table.loc["L1.mlp_out", "rel_l2"]
+    assert bound.table.loc["L1.mlp_out", "exact"] == 0.0
+    assert aligntools.compare(st, to_stats(b)).table.loc["L1.mlp_out", "rel_l2"] == pytest.approx(
+        bound.table.loc["L1.mlp_out", "rel_l2"])
+
+
+def test_different_dtypes_use_the_coarser_tolerance(synth):
+    b = synth.copy(deep=True)
+    b["L0.q"].attrs["dtype"] = "bfloat16"
+    b["L0.k"] = b["L0.k"].astype(np.float64)
+    cmp = aligntools.compare(synth, b)
+    assert cmp.table.loc["L0.q", "dtype"] == "bfloat16" and cmp.table.loc["L0.k", "rel_l2"] == 0
+    assert cmp.table.loc["L0.q", "limit"] > 100 * cmp.table.loc["L0.v", "limit"]
+
+
+def test_shape_mismatch_is_skipped_with_a_note(synth):
+    b = synth.drop_vars("L0.v").assign({"L0.v": (("token", "kv4"), np.zeros((16, 4), np.float32))})
+    cmp = aligntools.compare(synth, b)
+    assert cmp.table.loc["L0.v", "basis"] == "skipped" and cmp.passes
+    assert "L0.v: not comparable" in cmp.summary()
+
+
+def test_accepts_capture_objects_and_rejects_other_types(synth):
+    cap = aligntools.Capture(synth)
+    assert aligntools.compare(cap, synth).passes
+    with pytest.raises(TypeError, match="expected a Capture"):
+        aligntools.compare(np.zeros(3), synth)
+
+
+def test_raw_dataset_without_token_coords_compares_by_row(synth):
+    bare = synth.drop_vars(["request", "position", "token_id", "step"])
+    assert aligntools.compare(bare, bare).passes
+    with pytest.raises(ValueError, match="only in a"):
+        aligntools.compare(bare, bare.isel(token=slice(0, 10)))
+
+
+def test_sites_filter(synth):
+    cmp = aligntools.compare(synth, synth, sites="L1.*,logits")
+    assert cmp.sites[0] == "L1.attn_norm" and cmp.sites[-1] == "logits"
+    with pytest.raises(ValueError, match="matches no site"):
+        aligntools.compare(synth, synth, sites="L9.*")
+
+
+def test_moe_and_dense_captures_of_different_sizes():
+    a, b = make_capture(n_layers=2, moe_layers=(0,)), make_capture(n_layers=2)
+    b = b.assign_coords(token_id=a["token_id"])
+    cmp = aligntools.compare(a, b)
+    assert "L0.router_logits" in cmp.only_a and len(cmp.routing) == 0
+
+
+def test_stats_mode_sees_an_error_on_rows_where_the_trusted_side_is_zero():
+    a = make_capture(seed=0)
+    a["L1.mlp_out"][:3] = 0.0  # e.g. a padded or masked row that is exactly zero on the trainer
+    b = a.copy(deep=True)
+    b["L1.mlp_out"][:3] = 5.0
+    cmp = aligntools.compare(to_stats(a), to_stats(b))
+    assert cmp.table.loc["L1.mlp_out", "rel_l2"] > 0
+    assert "L1.mlp_out" in cmp.failures
