@@ -63,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     print(same_attr.summary())
 
     report = gate.report()
-    _attribution(report, "Knob attribution (float32 trainer)", attr)
+    attribution_section(report, "Knob attribution (float32 trainer)", attr)
     report.heading("For contrast: the aligned float32 engine").verdict(aligned.passed, aligned.verdict)
     report.heading("Same dtype on both sides (bf16 trainer)").verdict(same.passed, same.verdict)
     same.explain(report)
-    _attribution(report, "Knob attribution (bf16 trainer, knobs toggled to hf_exact)", same_attr)
+    attribution_section(report, "Knob attribution (bf16 trainer, knobs toggled to hf_exact)", same_attr)
     written = [report.write(out / "report.html")]
     figures = {**gate.figures(), "attribution": attr.plot(), "attribution_bf16_trainer": same_attr.plot()}
     for name, fig in figures.items():
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _attribution(report: Report, title: str, attr: Attribution) -> None:
+def attribution_section(report: Report, title: str, attr: Attribution) -> None:
     """Attribution as a table (shares as percentages), why they need not sum to 100%, the chart."""
     cols = ["infer", "aligned", "gap_alone", "share", "gap_cumulative", "share_cumulative"]
     report.heading(title).text(f"Baseline mean |Δ logprob| {attr.baseline_gap:.3g}; "

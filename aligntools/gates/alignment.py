@@ -182,8 +182,10 @@ def _growth_caption(gate: GateResult) -> str:
 
 def _setup_line(setup: dict) -> str:
     knobs = ", ".join(f"{k}={v}" for k, v in setup["knob_overrides"].items()) or "preset values"
+    kern = setup.get("train_kernels", {})
+    train = f"{setup['train']} (attention {kern.get('attn')}, experts {kern.get('experts')})" if kern else setup["train"]
     return (f"model {setup['model']}; {setup['n_tokens']} tokens ({setup['batch']} sequences); "
-            f"train {setup['train']}; infer {setup['infer']} ({knobs})")
+            f"train {train}; infer {setup['infer']} ({knobs})")
 
 
 def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str = "minirl",
@@ -204,11 +206,10 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
     from minirl import Engine
 
     path = validate_checkpoint(model_path)
-    train_dtype = parse_train(train)
+    train_spec = parse_train(train)
     inf = parse_infer(infer, dtype)
     policy = _tolerance(tolerance)
     ids = prepare_tokens(path, tokens)  # [B, S]
-    engine = Engine.from_pretrained(path, dtype=inf.dtype, knobs=inf.knobs)  # fails fast on an unsupported arch
     bar = tqdm(total=5, desc="alignment gate", unit="step", disable=not progress)
 
     def step(what: str, fn):
@@ -217,18 +218,23 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
         bar.update(1)
         return value
 
-    train_cap = step("train capture", lambda: capture(load_hf(path, train_dtype), ids, progress=False))
+    train_model = load_hf(path, train_spec.dtype, **train_spec.options)
+    inf = inf.following(train_model.config._attn_implementation)  # hf_exact takes the trainer's attention
+    engine = Engine.from_pretrained(path, dtype=inf.dtype, knobs=inf.knobs)
+    train_cap = step("train capture", lambda: capture(train_model, ids, progress=False))
     ref_cap = step("float64 capture", lambda: capture(load_hf(path, "float64"), ids, progress=False))
     infer_cap = step("infer capture", lambda: capture(engine, ids, progress=False))
     floor = step("noise floor", lambda: compare(ref_cap, train_cap, labels=("hf:float64", "train")))
     floors = {s: r.summary["rel_l2"] for s, r in floor.results.items() if "rel_l2" in r.summary}
-    labels = (f"hf:{train_dtype}", inf.label)
+    labels = (train_spec.label, inf.label)
     cmp = step("compare", lambda: compare(train_cap, infer_cap, tolerance=policy.with_noise_floor(floors),
                                           labels=labels))
     bar.close()
     setup = {"model": str(path), "n_tokens": int(ids.numel()), "batch": int(ids.shape[0]), "train": labels[0],
-             "infer": labels[1], "knob_overrides": inf.overrides, "knobs": inf.knobs.to_dict()}
-    return _verdict(cmp, floor, floors, setup, coarser(train_dtype, inf.dtype))
+             "infer": labels[1], "knob_overrides": inf.overrides, "knobs": inf.knobs.to_dict(),
+             "train_kernels": {"attn": train_model.config._attn_implementation,
+                               "experts": getattr(train_model.config, "_experts_implementation", None)}}
+    return _verdict(cmp, floor, floors, setup, coarser(train_spec.dtype, inf.dtype))
 
 
 def _tolerance(tolerance: str | os.PathLike | Tolerance | None) -> Tolerance:

@@ -1,9 +1,12 @@
 """Engine specs on the command line: ``hf``, ``hf:bfloat16``, ``minirl:aligned,rmsnorm=fused_add``.
 
 One grammar for every CLI that names an engine (``mlab capture``, ``mlab check``):
-``NAME[:PRESET][,knob=value...]`` (the first item after ``:`` may itself be a knob). For
-``hf`` the preset is a dtype; for ``minirl`` it is a Knobs preset (``typical``, ``aligned``
-or ``hf_exact``) and the overrides are Knobs fields, converted from text with the field's type.
+``NAME[:PRESET][,option=value...]`` (the first item after ``:`` may itself be an option). For
+``hf`` the preset is a dtype and the options choose transformers' kernels (``attn=eager|sdpa``,
+``experts=eager|grouped_mm|batched_mm``; unset = what ``from_pretrained`` picks, sdpa and
+grouped_mm on CPU in transformers 5.23); for ``minirl`` the preset is a Knobs preset
+(``typical``, ``aligned`` or ``hf_exact``) and the options are Knobs fields, converted from text
+with the field's type (``Knobs.parse_value``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import os
 HF_DTYPES = ("float32", "bfloat16", "float16")
 MINIRL_PRESETS = ("aligned", "typical", "hf_exact")  # Knobs classmethods: aligned(), typical_inference(), hf_exact()
 ENGINES = ("hf", "minirl")
+HF_OPTIONS = {"attn": ("eager", "sdpa"), "experts": ("eager", "grouped_mm", "batched_mm")}
+"""transformers' ``attn_implementation`` / ``experts_implementation``: a trainer's choice that
+changes its numerics (sdpa vs eager differ by up to 0.39 in a bf16 MoE token logprob)."""
 
 
 def parse_engine_spec(spec: str) -> tuple[str, str | None, dict[str, object]]:
@@ -35,9 +41,19 @@ def parse_engine_spec(spec: str) -> tuple[str, str | None, dict[str, object]]:
     bad = [item for item in items if "=" not in item]
     if bad:
         raise ValueError(f"expected knob=value after the preset in {spec!r}; got {bad}")
-    if raw and name == "hf":
-        raise ValueError(f"the hf engine takes no knobs (got {sorted(raw)}); knobs are minirl's")
+    if name == "hf":
+        return name, preset, {k.strip(): hf_option(k.strip(), v.strip()) for k, v in raw.items()}
     return name, preset, {k.strip(): knob_value(k.strip(), v.strip()) for k, v in raw.items()}
+
+
+def hf_option(name: str, value: str) -> str:
+    """A checked ``hf`` engine option (``attn=sdpa``); unknown names or values list the valid ones."""
+    if name not in HF_OPTIONS:
+        valid = "; ".join(f"{k}={'|'.join(v)}" for k, v in HF_OPTIONS.items())
+        raise ValueError(f"unknown hf option {name!r}; valid options: {valid}")
+    if value not in HF_OPTIONS[name]:
+        raise ValueError(f"hf option {name}={value!r}; valid values: {', '.join(HF_OPTIONS[name])}")
+    return value
 
 
 def knob_value(name: str, text: str) -> object:
@@ -61,19 +77,20 @@ def minirl_default_dtype(preset: str | None) -> str:
     return "bfloat16" if (preset or "typical") == "typical" else "float32"
 
 
-def load_hf(path: str | os.PathLike, dtype: str):
-    """The lab's training engine: transformers with eager attention and the per-expert MoE loop.
+def load_hf(path: str | os.PathLike, dtype: str, attn: str | None = None, experts: str | None = None):
+    """The lab's training engine: a transformers model, loaded the way a trainer would.
 
-    Why eager: it is the plain PyTorch math a trainer differentiates through, it runs in
-    float64 (the noise-floor reference; the grouped_mm experts path has no float64), and it is
-    what ``Knobs.hf_exact()`` reproduces bit for bit.
+    ``attn``/``experts`` None = transformers' own defaults (what a stock trainer runs); the
+    float64 noise-floor reference always uses the eager experts loop, because grouped_mm has no
+    float64 kernel (the attention kernels agree to ~1e-7 in fp32, so this changes no verdict).
     """
     import torch
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=getattr(torch, dtype), attn_implementation="eager",
-        experts_implementation="eager").eval()
+    kwargs = {k: v for k, v in (("attn_implementation", attn), ("experts_implementation", experts)) if v}
+    if dtype == "float64":
+        kwargs["experts_implementation"] = "eager"
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), **kwargs).eval()
 
 
 def load_target(spec: str, path: str | os.PathLike, dtype: str | None = None) -> object:
@@ -81,7 +98,7 @@ def load_target(spec: str, path: str | os.PathLike, dtype: str | None = None) ->
     dtype from the preset or ``dtype``) or a minirl Engine (knobs from preset + overrides)."""
     name, preset, overrides = parse_engine_spec(spec)
     if name == "hf":
-        return load_hf(path, preset or dtype or "float32")
+        return load_hf(path, preset or dtype or "float32", **overrides)
     from minirl import Engine
 
     return Engine.from_pretrained(path, dtype=dtype or minirl_default_dtype(preset),

@@ -7,6 +7,7 @@ in an installed copy as well as in a checkout.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -39,21 +40,36 @@ def validate_checkpoint(path: str | os.PathLike) -> Path:
     if not p.is_dir() or not cfg.is_file():
         raise GateUsageError(f"{p} is not an HF checkpoint directory (no config.json)")
     try:
-        json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        config = json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GateUsageError(f"unreadable checkpoint {p}: config.json: {e}") from e
+    if not isinstance(config, dict):
+        raise GateUsageError(f"unreadable checkpoint {p}: config.json holds a {type(config).__name__}, not an object")
     files = sorted(p.glob("*.safetensors"))
     if not files:
         raise GateUsageError(f"unreadable checkpoint {p}: no *.safetensors weights")
     from safetensors import safe_open
 
+    names: list[str] = []
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as st:
-                st.keys()
+                names += list(st.keys())
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
             raise GateUsageError(f"unreadable checkpoint {p}: {f.name}: {e}") from e
+    _check_layer_count(p, config, names)
     return p
+
+
+def _check_layer_count(path: Path, config: dict, names: list[str]) -> None:
+    """transformers fills layers missing from the weights with random values and only warns;
+    a gate that then compares random layers would be meaningless, so it stops here."""
+    declared = config.get("num_hidden_layers")
+    found = {int(n.split(".")[2]) for n in names if n.startswith("model.layers.") and n.split(".")[2].isdigit()}
+    if isinstance(declared, int) and found and len(found) != declared:
+        raise GateUsageError(f"checkpoint {path}: config.json says num_hidden_layers={declared} but the weights "
+                             f"hold {len(found)} layers (indices {min(found)}..{max(found)}); the missing layers "
+                             f"would be random. Fix config.json or the weights")
 
 
 def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> torch.Tensor:
@@ -78,12 +94,26 @@ def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> t
     return torch.tensor(ids[: seq * n_seqs]).view(n_seqs, seq)
 
 
-def parse_train(spec: str) -> str:
-    """``hf`` -> float32, ``hf:bfloat16`` -> bfloat16 (the training engine's dtype)."""
-    name, dtype, _ = _parse(spec)
+@dataclass(frozen=True)
+class TrainSpec:
+    """The training engine: transformers in ``dtype`` with ``options`` (``attn``, ``experts``;
+    absent = transformers' own defaults, what a stock trainer runs)."""
+
+    dtype: str
+    options: dict
+
+    @property
+    def label(self) -> str:
+        return f"hf:{self.dtype}" + "".join(f",{k}={v}" for k, v in self.options.items())
+
+
+def parse_train(spec: str) -> TrainSpec:
+    """``hf`` -> float32, ``hf:bfloat16,attn=eager`` -> bfloat16 with eager attention."""
+    name, dtype, options = _parse(spec)
     if name != "hf":
-        raise GateUsageError(f"--train must be hf[:DTYPE] (the transformers training engine); got {spec!r}")
-    return dtype or "float32"
+        raise GateUsageError(f"--train must be hf[:DTYPE][,attn=...][,experts=...] (the transformers training "
+                             f"engine); got {spec!r}")
+    return TrainSpec(dtype or "float32", options)
 
 
 @dataclass(frozen=True)
@@ -97,7 +127,15 @@ class InferSpec:
 
     @property
     def label(self) -> str:
-        return f"minirl:{self.preset}:{self.dtype}"
+        """``minirl:typical,rmsnorm=hf:bfloat16``: preset, every override, dtype."""
+        return f"minirl:{self.preset}" + "".join(f",{k}={v}" for k, v in self.overrides.items()) + f":{self.dtype}"
+
+    def following(self, train_attention: str | None) -> "InferSpec":
+        """``hf_exact`` reproduces the trainer bit for bit only with the trainer's attention kernel:
+        without an explicit ``attention=`` override it takes the one the training model runs."""
+        if self.preset != "hf_exact" or "attention" in self.overrides or train_attention not in ("eager", "sdpa"):
+            return self
+        return dataclasses.replace(self, knobs=self.knobs.replace(attention=train_attention))
 
 
 def parse_infer(spec: str, dtype: str | None) -> InferSpec:
@@ -122,11 +160,11 @@ def _parse(spec: str) -> tuple[str, str | None, dict]:
         raise GateUsageError(str(e)) from e
 
 
-def load_hf(path: Path, dtype: str):
+def load_hf(path: Path, dtype: str, **options: str):
     """The training engine (``engine_spec.load_hf``); an unreadable checkpoint is a usage error."""
     from aligntools.gates import engine_spec
 
     try:
-        return engine_spec.load_hf(path, dtype)
+        return engine_spec.load_hf(path, dtype, **options)
     except Exception as e:  # noqa: BLE001 - a bad checkpoint surfaces as many error types
         raise GateUsageError(f"unreadable checkpoint {path}: {type(e).__name__}: {e}") from e

@@ -160,9 +160,9 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
     pairs = {k: (getattr(infer_knobs, k), getattr(aligned, k)) for k in valid}
     differing = {k: v for k, v in pairs.items() if (k in knobs if knobs is not None else v[0] != v[1])}
     ids = prepare_tokens(path, tokens)  # [B, S]
-    train_dtype = parse_train(train)
+    train_spec = parse_train(train)
     with torch.no_grad():
-        logits = load_hf(path, train_dtype)(input_ids=ids, use_cache=False).logits  # [B, S, V]
+        logits = load_hf(path, train_spec.dtype, **train_spec.options)(input_ids=ids, use_cache=False).logits  # [B, S, V]
     ref = logits.float().log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]  # [B, S-1]
     seqs = ids.tolist()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import torch
@@ -22,12 +23,7 @@ def decode(ids: list[int]) -> str:
 
 
 def _call(code: str) -> str:
-    return '<tool_call>{"name": "python", "arguments": {"code": %s}}</tool_call>' % _json(code)
-
-
-def _json(s: str) -> str:
-    import json
-    return json.dumps(s)
+    return '<tool_call>{"name": "python", "arguments": {"code": %s}}</tool_call>' % json.dumps(code)
 
 
 class ScriptedModel:

@@ -74,3 +74,37 @@ def test_tolerance_file_overrides_the_limits(moe, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "sites over their limit" not in out  # every site within atol 1.0 now
     assert "MISALIGNED" in out  # the final logprob check still holds the line
+
+
+def test_hf_spec_takes_the_attention_kernel_and_hf_exact_follows_it(moe):
+    """Stock transformers runs sdpa: hf_exact against the default trainer must pick sdpa too."""
+    from aligntools import check_alignment
+
+    default = check_alignment(moe, train="hf:bfloat16", infer="minirl:hf_exact", dtype="bfloat16", tokens=64,
+                              progress=False)
+    assert default.setup["train_kernels"]["attn"] == "sdpa" and default.setup["knobs"]["attention"] == "sdpa"
+    assert default.logprob.loc["max", "value"] == 0.0  # bit-exact against the stock (sdpa) trainer
+    eager = check_alignment(moe, train="hf:bfloat16,attn=eager", infer="minirl:hf_exact", dtype="bfloat16",
+                            tokens=64, progress=False)
+    assert eager.setup["train"] == "hf:bfloat16,attn=eager" and eager.setup["knobs"]["attention"] == "eager"
+    assert eager.logprob.loc["max", "value"] == 0.0
+
+
+def test_overrides_show_in_the_label_and_bad_hf_options_are_usage_errors(moe, capsys):
+    from aligntools.gates.inputs import parse_infer
+
+    assert parse_infer("minirl:typical,rmsnorm=hf", None).label == "minirl:typical,rmsnorm=hf:bfloat16"
+    assert main(["check", "--model", str(moe), "--train", "hf,attn=flash", "--tokens", "32"]) == 2
+    assert "hf option attn='flash'; valid values: eager, sdpa" in capsys.readouterr().err
+
+
+def test_config_claiming_more_layers_than_the_weights_hold_is_refused(moe, tmp_path, capsys):
+    import json
+    import shutil
+
+    bad = tmp_path / "six_layers"
+    shutil.copytree(moe, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 6}))
+    assert main(["check", "--model", str(bad), "--tokens", "32"]) == 2
+    assert "num_hidden_layers=6 but the weights hold 4 layers" in capsys.readouterr().err
