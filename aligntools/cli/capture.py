@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -36,33 +35,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check every input, load the engine, capture; the output is written only by a finished run."""
     import aligntools
-    from aligntools.gates.engine_spec import load_target
+    from aligntools.cli.inputs import UsageError, check_dtype, checkpoint_config
+    from aligntools.gates.engine_spec import load_target, parse_engine_spec
+    from aligntools.tracker.journal import partial_path
+    from aligntools.tracker.recorder import CaptureBudgetExceeded
 
-    ids = _input_ids(args)
-    target = load_target(args.engine, args.model, args.dtype)
-    with aligntools.Tracker(target, sites=args.sites, mode=args.mode, budget_bytes=args.budget_bytes,
-                            out=args.out) as tracker:
-        tracker.adapter.run(ids)
-    cap = tracker.capture
-    print(f"{cap!r} -> {args.out}")
+    config = checkpoint_config(args.model)
+    parse_engine_spec(args.engine)
+    check_dtype(args.dtype)
+    ids = _input_ids(args, config)
+    try:
+        target = load_target(args.engine, args.model, args.dtype)
+    except (ValueError, OSError, RuntimeError, KeyError) as e:
+        raise UsageError(f"cannot load {args.model} as {args.engine}: {type(e).__name__}: {e}") from e
+    try:
+        with aligntools.Tracker(target, sites=args.sites, mode=args.mode, budget_bytes=args.budget_bytes,
+                                out=args.out) as tracker:
+            tracker.adapter.run(ids)
+    except CaptureBudgetExceeded as e:
+        raise UsageError(f"{e} in {partial_path(args.out)}; raise --budget-bytes or use --mode stats") from e
+    print(f"{tracker.capture!r} -> {args.out}")
     return 0
 
 
-def _input_ids(args: argparse.Namespace):
+def _input_ids(args: argparse.Namespace, config: dict):
+    """[batch, seq] int64 ids from ``--text`` or ``--ids``, checked against the model."""
     import torch
+
+    from aligntools.cli.inputs import UsageError, check_ids, ids_from_json
 
     if args.text is not None:
         import transformers
 
         tok = transformers.AutoTokenizer.from_pretrained(args.model)
-        return torch.tensor([tok(args.text)["input_ids"]])
-    path = Path(args.ids)
-    try:
-        rows = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--ids {path}: not JSON ({e})") from e
-    if not (isinstance(rows, list) and rows and all(isinstance(r, list) and r for r in rows)
-            and len({len(r) for r in rows}) == 1):
-        raise ValueError(f"--ids {path}: expected a JSON list of equal-length, non-empty token-id lists")
-    return torch.tensor(rows)
+        rows, source = [list(tok(args.text)["input_ids"])], "--text"
+        if not rows[0]:
+            raise UsageError("--text gives no tokens; give non-empty text")
+    else:
+        path = Path(args.ids)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--ids {path}: cannot read it ({e})") from e
+        source = f"--ids {path}"
+        rows = ids_from_json(text, source)
+    check_ids(rows, config, source)
+    return torch.tensor(rows, dtype=torch.long)

@@ -82,6 +82,7 @@ def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> t
         return tokens.long()
     if int(tokens) < 2 * n_seqs:
         raise GateUsageError(f"--tokens must be at least {2 * n_seqs}; got {tokens}")
+    _check_positions(path, int(tokens) // n_seqs, n_seqs)
     import transformers
 
     try:
@@ -116,6 +117,18 @@ def parse_train(spec: str) -> TrainSpec:
     return TrainSpec(dtype or "float32", options)
 
 
+def _check_positions(path: Path, seq: int, n_seqs: int) -> None:
+    """Sequences longer than the model's positions would be garbage (and, at 10^8 tokens, a
+    50 GB allocation attempt): refuse them with the limit, before any tokenizer or model loads."""
+    try:
+        max_pos = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return  # validate_checkpoint reports an unreadable config
+    if isinstance(max_pos, int) and not isinstance(max_pos, bool) and seq > max_pos:
+        raise GateUsageError(f"--tokens {seq * n_seqs} makes {n_seqs} sequences of {seq} tokens, over the model's "
+                             f"max_position_embeddings {max_pos}; use --tokens {n_seqs * max_pos} or fewer")
+
+
 @dataclass(frozen=True)
 class InferSpec:
     """The inference side: knobs (preset + overrides), the preset's name, dtype, overrides."""
@@ -131,11 +144,17 @@ class InferSpec:
         return f"minirl:{self.preset}" + "".join(f",{k}={v}" for k, v in self.overrides.items()) + f":{self.dtype}"
 
     def following(self, train_attention: str | None) -> "InferSpec":
-        """``hf_exact`` reproduces the trainer bit for bit only with the trainer's attention kernel:
-        without an explicit ``attention=`` override it takes the one the training model runs."""
-        if self.preset != "hf_exact" or "attention" in self.overrides or train_attention not in ("eager", "sdpa"):
+        """The aligned presets (``aligned``, ``hf_exact``) mean the trainer's own attention kernel
+        (``hf_exact`` is bit-exact only then): without an explicit ``attention=`` override they
+        take the one the training model runs."""
+        if self.preset == "typical" or "attention" in self.overrides:
             return self
-        return dataclasses.replace(self, knobs=self.knobs.replace(attention=train_attention))
+        return dataclasses.replace(self, knobs=self.knobs.replace(**follow_attention(train_attention)))
+
+
+def follow_attention(train_attention: str | None) -> dict[str, str]:
+    """Knob change that gives the engine the trainer's attention backend ({} if it has no twin)."""
+    return {"attention": train_attention} if train_attention in ("eager", "sdpa") else {}
 
 
 def parse_infer(spec: str, dtype: str | None) -> InferSpec:

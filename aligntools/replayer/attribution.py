@@ -142,29 +142,34 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
     inference engine's dtype; ``tokens``: a count of built-in text tokens or token ids [B, S];
     ``knobs``: restrict to these knob names (default: every knob whose value differs from
     ``target``); ``target``: the knob values each knob is toggled to (default
-    ``Knobs.aligned()``; use ``Knobs.hf_exact()`` against a stock bf16 trainer). Only logprobs
+    ``Knobs.aligned()``; use ``Knobs.hf_exact()`` against a stock bf16 trainer), with the attention
+    backend the training model runs. Only logprobs
     are computed (``Engine.score``), one training pass reused, so a knob evaluation costs one
     inference prefill.
     """
     from minirl import Engine, Knobs  # noqa: F811 - lazy: importing aligntools must not import minirl
 
-    from aligntools.gates.inputs import load_hf, parse_train, prepare_tokens, validate_checkpoint
+    from aligntools.gates.inputs import follow_attention, load_hf, parse_train, prepare_tokens, validate_checkpoint
 
     path = validate_checkpoint(model_path)
     infer_knobs = Knobs.typical_inference() if infer_knobs is None else infer_knobs
-    aligned = Knobs.aligned() if target is None else target
+    ids = prepare_tokens(path, tokens)  # [B, S]
+    train_spec = parse_train(train)
+    trainer = load_hf(path, train_spec.dtype, **train_spec.options)
+    with torch.no_grad():
+        logits = trainer(input_ids=ids, use_cache=False).logits  # [B, S, V]
+    ref = logits.float().log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]  # [B, S-1]
+    seqs = ids.tolist()
+    # "aligned" means the trainer's own attention backend (Ring-linear 5.2.1: the backend must be
+    # consistent), whatever the target preset names: stock transformers runs sdpa, not eager.
+    aligned = (Knobs.aligned() if target is None else target).replace(
+        **follow_attention(trainer.config._attn_implementation))
     valid = list(infer_knobs.to_dict())
     unknown = sorted(set(knobs or ()) - set(valid))
     if unknown:
         raise ValueError(f"unknown knob(s) {unknown}; valid knobs: {valid}")
     pairs = {k: (getattr(infer_knobs, k), getattr(aligned, k)) for k in valid}
     differing = {k: v for k, v in pairs.items() if (k in knobs if knobs is not None else v[0] != v[1])}
-    ids = prepare_tokens(path, tokens)  # [B, S]
-    train_spec = parse_train(train)
-    with torch.no_grad():
-        logits = load_hf(path, train_spec.dtype, **train_spec.options)(input_ids=ids, use_cache=False).logits  # [B, S, V]
-    ref = logits.float().log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]  # [B, S-1]
-    seqs = ids.tolist()
 
     def gap(changes: dict[str, object]) -> float:
         engine = Engine.from_pretrained(path, dtype=dtype, knobs=infer_knobs.replace(**changes))

@@ -1,0 +1,242 @@
+"""Run modes over one driver: ``sync``, ``async`` (1-step-off) and ``ray``.
+
+    >>> from minirl.async_loop import LoopConfig, run
+    >>> result = run(train_config, LoopConfig(mode="async"))
+
+The driver is AsyncFlow's producer-consumer workflow (§4): a producer fills the TransferQueue
+(§3) with step j's prompts, rollouts and rewards, sample by sample; the consumer (the learner)
+takes step k's samples as soon as they are all there, updates, and publishes the new weights.
+With ``max_staleness = s`` the producer may run up to ``s`` steps ahead on the weights it was
+given (the *delayed parameter update* of §4.2.2): rollouts of step k+s are generated on the
+weights of step k while step k trains, so every trained token is at most ``s`` updates old.
+``s = 0`` is the synchronous loop. Each token records the version it was sampled under and
+the learner refuses anything older than ``s`` (``minirl.learner``).
+
+``sync``/``async`` run in this process (the producer is a thread); ``ray`` runs rollout
+engines, reward workers and the trainer as Ray actors (``minirl.ray_actors``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from minirl import SamplingParams
+from minirl.learner import Learner
+from minirl.reward_worker import RewardWorker, Scores
+from minirl.run_log import RunLog
+from minirl.timeline import Timeline
+from minirl.train_config import TrainConfig
+from minirl.transfer_queue import LocalTransferQueue, QueueConfig, Sample, TransferQueue
+
+MODES = ("sync", "async", "ray")
+COLUMNS = ("prompt", "rollouts", "reward")
+CONSUMERS = ("rollout", "reward", "train")
+
+
+@dataclass
+class LoopConfig:
+    """How the RL step is executed (what it computes is ``TrainConfig``)."""
+
+    mode: str = "sync"
+    """``sync`` (lockstep, in process), ``async`` (producer thread up to ``max_staleness`` steps
+    ahead, §4.2.2) or ``ray`` (actors; lockstep with ``max_staleness=0``)."""
+    max_staleness: int = 1
+    """most updates a trained token may lag the learner (AsyncFlow §4.2.1: one step costs no
+    convergence); ignored by ``sync`` (always 0)."""
+    reward_timeout_s: float = 30.0
+    """a verifier call slower than this gives reward 0 and is counted (``reward_timeouts``)."""
+    sample_timeout_s: float = 600.0
+    """a sample not complete this long after admission is dropped and reported (§3.3)."""
+    queue_capacity: int = 1024
+    """samples (prompt groups) in flight at once: backpressure on the producer."""
+    ray_address: str | None = None
+    """``None`` starts a local cluster (``ray_num_cpus``); else ``host:port`` of a running one."""
+    ray_num_cpus: int = 2
+    rollout_actors: int = 1
+    cpus_per_actor: float = 1.0
+    """CPUs reserved by each rollout actor and the trainer actor (reward/queue actors take 0).
+    More than the cluster has is an error at start, not a queue that never runs."""
+    connect_timeout_s: float = 20.0
+    """how long to wait for ``ray_address`` to answer before failing."""
+    setup_modules: tuple[str, ...] = ()
+    """modules every Ray worker imports first (e.g. one that ``tasks.register``s a task)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}; valid: {', '.join(MODES)}")
+        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(f"max_staleness={self.max_staleness!r}: must be an int >= 0 (0 = synchronous, "
+                             f"1 = AsyncFlow's one-step-off delayed update)")
+        if self.rollout_actors < 1:
+            raise ValueError(f"rollout_actors={self.rollout_actors}: need at least one rollout worker")
+        self.setup_modules = tuple(self.setup_modules)
+
+    @property
+    def staleness(self) -> int:
+        return 0 if self.mode == "sync" else self.max_staleness
+
+
+@dataclass
+class LoopResult:
+    rows: list[dict]
+    """per-step metrics: the learner's, plus time_step, samples_per_s, time_sync, queue depth."""
+    timeline: Timeline
+    queue_stats: dict
+    staleness_hist: dict[int, int] = field(default_factory=dict)
+    """trained tokens per staleness value (updates between sampling and training)."""
+    wall_s: float = 0.0
+    samples_per_s: float = 0.0
+
+
+def run(train: TrainConfig, loop: LoopConfig, resume: bool = False, on_dispatch=None) -> LoopResult:  # noqa: ANN001
+    """Train ``train.steps`` steps the way ``loop`` says; ``resume`` continues from
+    ``<out_dir>/checkpoint``. ``on_dispatch(actor, indices)`` (Ray only) is called as work is
+    handed to a rollout actor: the hook fault-injection experiments kill actors from."""
+    if loop.mode == "ray":
+        from minirl.ray_actors import RayBackend
+
+        backend = RayBackend(train, loop, on_dispatch)
+    else:
+        backend = LocalBackend(train, loop)
+    try:
+        return drive(backend, train, loop, resume)
+    finally:
+        backend.close()
+
+
+def drive(backend, train: TrainConfig, loop: LoopConfig, resume: bool) -> LoopResult:  # noqa: ANN001
+    """The producer-consumer schedule (§4.2.2), the same for every backend."""
+    ckpt, s = Path(train.out_dir) / "checkpoint", loop.staleness
+    first, rows = backend.restore(ckpt) if resume and (ckpt / "state.json").exists() else (0, [])
+    log = RunLog(Path(train.out_dir) / "async_metrics.nc", rows)
+    hist: Counter[int] = Counter()
+    backend.publish(first)
+    launched, start = {}, time.time()
+    last = start
+    with ThreadPoolExecutor(1, thread_name_prefix="minirl-producer") as producer:
+        for k in range(first, train.steps):
+            for j in range(k, min(k + s, train.steps - 1) + 1):  # run ahead at most s steps
+                if j not in launched:
+                    launched[j] = producer.submit(backend.produce, j, k)  # on the weights of step k
+            launched.pop(k).result()
+            metrics, step_hist = backend.learn(k)
+            hist.update(step_hist)
+            metrics["time_sync"] = backend.publish(k + 1)
+            now = time.time()
+            metrics.update(time_step=now - last, samples_per_s=train.prompts_per_step * train.group_size / (now - last),
+                           queue_in_flight=backend.queue.stats()["in_flight"])
+            last = now
+            log.append(k, metrics)
+            if train.checkpoint_every and ((k + 1) % train.checkpoint_every == 0 or k + 1 == train.steps):
+                backend.save(ckpt, k + 1, log.rows)
+    wall = time.time() - start
+    done = (train.steps - first) * train.prompts_per_step * train.group_size
+    return LoopResult(log.rows, backend.timeline, backend.queue.stats(), dict(sorted(hist.items())), wall,
+                      done / wall if wall > 0 else 0.0)
+
+
+# ---------------------------------------------------------------------- shared pieces
+def queue_config(loop: LoopConfig) -> QueueConfig:
+    return QueueConfig(COLUMNS, CONSUMERS, loop.queue_capacity, loop.sample_timeout_s)
+
+
+def sampling(train: TrainConfig, step: int, group: int) -> SamplingParams:
+    """One seed per (run, step, prompt): a group's samples do not depend on which worker draws
+    them or what else it batches, so a regenerated group equals the lost one."""
+    return SamplingParams(n=train.group_size, max_new_tokens=train.max_new_tokens, temperature=train.temperature,
+                          seed=((train.seed * 1_000_003 + step) * 100_003 + group) % (2 ** 62))
+
+
+def admit_prompts(queue: TransferQueue, learner_problems: list, step: int, train: TrainConfig) -> None:
+    """Step ``step``'s prompts enter the queue as samples (column ``prompt``)."""
+    ids = queue.admit(len(learner_problems), group=step)
+    for g, (i, (problem, prompt_ids)) in enumerate(zip(ids, learner_problems)):
+        queue.write(i, "prompt", (problem, prompt_ids, sampling(train, step, g)))
+
+
+def assemble(samples: list[Sample]) -> tuple[list, torch.Tensor, list[torch.Tensor], dict[str, float]]:
+    """Resolved samples -> prompt-major rollouts, rewards, per-token versions, reward counts."""
+    samples = sorted(samples, key=lambda x: x.index)
+    rollouts, rewards, versions = [], [], []
+    counts = {"reward_errors": 0.0, "reward_timeouts": 0.0}
+    for x in samples:
+        group, version = x.data["rollouts"]
+        scores: Scores = x.data["reward"]
+        rollouts += group
+        versions += [torch.full((len(r.token_ids),), version, dtype=torch.long) for r in group]
+        rewards += scores.rewards
+        counts["reward_errors"] += scores.errors
+        counts["reward_timeouts"] += scores.timeouts
+    return rollouts, torch.tensor(rewards), versions, counts
+
+
+def learn_on(learner: Learner, step: int, samples: list[Sample], expected: int) -> tuple[dict, dict[int, int]]:
+    """Train on what arrived for ``step`` (fewer groups than ``expected`` if some timed out)."""
+    rollouts, rewards, versions, counts = assemble(samples)
+    if not rollouts:
+        raise RuntimeError(f"step {step}: no sample completed within sample_timeout_s; every rollout or reward "
+                           f"worker is stuck or dead (see queue stats 'timed_out')")
+    stale = Counter(int(v) for t in versions for v in (learner.version - t).tolist())
+    metrics = learner.learn(step, rollouts, rewards, versions)
+    return {**metrics, **counts, "groups_missing": float(expected - len(samples))}, dict(stale)
+
+
+class LocalBackend:
+    """``sync``/``async`` in one process: the producer thread owns the rollout engine, the
+    calling thread owns the learner; weights cross as published state-dict snapshots."""
+
+    def __init__(self, train: TrainConfig, loop: LoopConfig) -> None:
+        self.train, self.loop = train, loop
+        self.learner = Learner(train, max_staleness=loop.staleness)
+        self.engine = self.learner.engine
+        self.rewards = RewardWorker(self.learner.trainer.task, self.learner.trainer.tokenizer, loop.reward_timeout_s)
+        self.queue = LocalTransferQueue(queue_config(loop))
+        self.timeline = Timeline()
+        self.weights: dict[int, dict] = {}
+        self.engine_version: int | None = None
+
+    def publish(self, version: int) -> float:
+        """Snapshot the learner's weights as ``version``; the engine loads it when it next
+        starts a step (so loading overlaps training in async mode, §4.2.3)."""
+        t = time.perf_counter()
+        with self.timeline.span("sync", version):
+            self.weights[version] = self.learner.state_dict()
+        for v in [v for v in self.weights if v < version - self.loop.staleness]:
+            del self.weights[v]
+        return time.perf_counter() - t
+
+    def produce(self, step: int, version: int) -> None:
+        if self.engine_version != version:
+            with self.timeline.span("sync", step):
+                self.engine.load_weights(self.weights[version])
+            self.engine_version = version
+        admit_prompts(self.queue, self.learner.problems(step), step, self.train)
+        while got := self.queue.get("rollout", ("prompt",), 1, group=step):
+            problem, prompt_ids, params = got[0].data["prompt"]
+            with self.timeline.span("rollout", step):
+                rollouts = self.engine.generate([prompt_ids], params)
+            self.queue.write(got[0].index, "rollouts", (rollouts, version))
+            for x in self.queue.get("reward", ("prompt", "rollouts"), 1, group=step):
+                with self.timeline.span("reward", step):
+                    self.queue.write(x.index, "reward", self.rewards.score(x.data["prompt"][0], x.data["rollouts"][0]))
+
+    def learn(self, step: int) -> tuple[dict, dict[int, int]]:
+        samples = self.queue.get("train", COLUMNS, self.train.prompts_per_step, group=step,
+                                 timeout=self.loop.sample_timeout_s)
+        with self.timeline.span("train", step):
+            return learn_on(self.learner, step, samples, self.train.prompts_per_step)
+
+    def save(self, path: Path, step: int, rows: list[dict]) -> None:
+        self.learner.save(path, step, rows)
+
+    def restore(self, path: Path) -> tuple[int, list[dict]]:
+        return self.learner.restore(path)
+
+    def close(self) -> None:
+        pass
