@@ -28,7 +28,7 @@ import xarray as xr
 from matplotlib.figure import Figure
 
 from aligntools import attribute
-from aligntools.gates.inputs import load_hf, prepare_tokens
+from aligntools.gates.inputs import follow_attention, load_hf, prepare_tokens
 from minirl import Engine, Knobs, SamplingParams
 
 
@@ -60,6 +60,7 @@ def knob_checklist(model_path: str | os.PathLike, dtype: str = "bfloat16", train
     ax = fig.subplots()
     colors = ["#999999" if k == "residual (dtype)" else "#2c7fb8" for k in t.index]
     ax.barh(range(len(t)), t["gap_alone"], color=colors)
+    ax.plot(t["gap_cumulative"], range(len(t)), "o-", c="#f39c12", label="cumulative, in this order")
     ax.axvline(attr.baseline_gap, ls="--", c="#c0392b", label=f"typical engine: {attr.baseline_gap:.3g}")
     ax.set_yticks(range(len(t)), [f"{k} ({m})" for k, m in zip(t.index, t["module"])])
     ax.invert_yaxis()
@@ -115,14 +116,17 @@ def decode_drift(model_path: str | os.PathLike, dtype: str = "bfloat16", n_promp
 
 
 def tp_drift(model_path: str | os.PathLike, tps: tuple[int, ...] = (1, 2, 4), dtype: str = "bfloat16",
-             tokens: int = 256, train: str = "float32") -> tuple[pd.DataFrame, Figure]:
+             tokens: int = 256, train: str = "float32", knobs: Knobs | None = None) -> tuple[pd.DataFrame, Figure]:
     """Mean / max |Δ logprob| vs the trainer for tensor-parallel emulation degrees ``tps`` (with
-    the otherwise aligned knobs: only the split reductions differ)."""
+    the otherwise aligned ``knobs``, default ``Knobs.aligned()`` on the trainer's attention
+    backend: only the split reductions differ, so tp = 1 is the floor the others are read against)."""
     ids = prepare_tokens(model_path, tokens).tolist()
-    ref = _trainer_logprobs(load_hf(model_path, train), ids)
+    trainer = load_hf(model_path, train)
+    ref = _trainer_logprobs(trainer, ids)
+    base = (knobs or Knobs.aligned()).replace(**follow_attention(trainer.config._attn_implementation))
     rows = []
     for tp in tps:
-        engine = Engine.from_pretrained(model_path, dtype=dtype, knobs=Knobs.aligned().replace(tp=tp))
+        engine = Engine.from_pretrained(model_path, dtype=dtype, knobs=base.replace(tp=tp))
         gap = torch.cat([(a - b).abs() for a, b in zip(engine.score(ids), ref)])
         rows.append({"tp": tp, "mean": float(gap.mean()), "max": float(gap.max())})
     table = pd.DataFrame(rows).set_index("tp")
@@ -132,3 +136,18 @@ def tp_drift(model_path: str | os.PathLike, tps: tuple[int, ...] = (1, 2, 4), dt
     ax.set(xlabel="tensor-parallel degree (emulated)", ylabel="mean |Δ logprob| vs trainer",
            title=f"TP split reductions ({dtype}, aligned knobs)")
     return table, fig
+
+
+def vllm_fingerprint(model_path: str | os.PathLike, **kwargs: object) -> object | None:
+    """Real vLLM beside minirl: ``aligntools.fingerprint`` of the checkpoint, or None with a
+    one-line reason when that tool (or vLLM) is not installed, so notebooks run everywhere."""
+    try:
+        from aligntools import fingerprint
+    except ImportError as e:
+        print(f"skipped: aligntools.fingerprint is not available here ({e})")
+        return None
+    try:
+        return fingerprint(model_path, **kwargs)
+    except ImportError as e:  # the fingerprint exists but vLLM itself is not installed
+        print(f"skipped: vLLM is not importable here ({e})")
+        return None

@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-SUBCOMMAND_MODULES = ["labs.cli_zoo", "aligntools.cli.capture", "aligntools.cli.diff", "aligntools.cli.check"]
+SUBCOMMAND_MODULES = ["labs.cli_zoo", "aligntools.cli.capture", "aligntools.cli.diff", "aligntools.cli.check", "minirl.cli_train"]
 
 
 def build_parser() -> argparse.ArgumentParser:

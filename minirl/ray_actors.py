@@ -24,7 +24,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from minirl import Rollout, SamplingParams, tasks
+from minirl import Rollout, tasks
 from minirl.async_loop import COLUMNS, LoopConfig, admit_prompts, learn_on, queue_config
 from minirl.learner import Learner
 from minirl.ray_queue import RayTransferQueue
@@ -43,16 +43,21 @@ def connect(loop: LoopConfig) -> None:
     if loop.ray_address is None:
         ray.init(num_cpus=loop.ray_num_cpus, include_dashboard=False)
         return
-    address = loop.ray_address
-    if address != "auto":
-        host, _, port = address.removeprefix("ray://").rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=loop.connect_timeout_s).close()
-        except (OSError, ValueError) as e:
-            raise ConnectionError(f"no Ray cluster answers at ray_address={address!r} within "
-                                  f"{loop.connect_timeout_s} s ({e}); start one there with `ray start --head`, "
-                                  f"fix host:port, or set ray_address=None for a local cluster") from e
-    ray.init(address=address)
+    if loop.ray_address != "auto":
+        probe(loop.ray_address, loop.connect_timeout_s)
+    ray.init(address=loop.ray_address)
+
+
+def probe(address: str, timeout_s: float) -> None:
+    """Fail fast (``ConnectionError``) when nothing listens at ``host:port``: ``ray.init``
+    itself can wait minutes for a cluster that is not there."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as e:
+        raise ConnectionError(f"no Ray cluster answers at ray_address={address!r} within {timeout_s} s ({e}); "
+                              f"start one there with `ray start --head`, fix host:port, or set "
+                              f"ray_address=None for a local cluster") from e
 
 
 def check_cpus(loop: LoopConfig) -> None:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:  # xarray and matplotlib load on first use: `import minirl` stays light
+    import xarray as xr
+    from matplotlib.figure import Figure
 
 #: panels of ``plot``: title -> metrics drawn in it (those present in the log).
 PANELS = {
@@ -48,6 +51,8 @@ class RunLog:
 
 def to_dataset(rows: list[dict]) -> xr.Dataset:
     """Rows -> Dataset with dim ``row`` (coordinate ``step``); missing values are NaN."""
+    import xarray as xr
+
     names = sorted({k for r in rows for k in r} - {"step"})
     data = {n: ("row", np.array([r.get(n, math.nan) for r in rows], dtype=np.float64)) for n in names}
     return xr.Dataset(data, coords={"step": ("row", np.array([r["step"] for r in rows], dtype=np.int64))})
@@ -55,12 +60,17 @@ def to_dataset(rows: list[dict]) -> xr.Dataset:
 
 def load(path: str | os.PathLike) -> xr.Dataset:
     """Read a run log (loaded into memory, the file is closed)."""
+    import xarray as xr
+
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         return ds.load()
 
 
 def plot(log: xr.Dataset | str | os.PathLike) -> list[Figure]:
     """One Figure per panel of ``PANELS`` that has data (matplotlib ``Figure``, no pyplot state)."""
+    import xarray as xr
+    from matplotlib.figure import Figure
+
     ds = log if isinstance(log, xr.Dataset) else load(log)
     figures = []
     for title, names in PANELS.items():

@@ -1,8 +1,9 @@
 """SFT warm-up: a zoo model briefly fine-tuned on task-format traces, so RL starts from a
 policy that sometimes succeeds (GRPO learns nothing from groups that are all wrong).
 
-Cached next to the zoo checkpoints (``labs.zoo.default_root()``), keyed by a fingerprint of
-everything the result depends on, written to a temporary sibling and renamed into place.
+Cached next to the base checkpoint (for a zoo model: beside the zoo cache), keyed by a
+fingerprint of everything the result depends on, written to a temporary sibling and renamed
+into place, so an interrupted warm-up never leaves a half-written checkpoint.
 """
 
 from __future__ import annotations
@@ -28,17 +29,18 @@ def warm_start(base: str | os.PathLike, task: str, task_kwargs: dict | None = No
                progress: bool = True) -> Path:
     """Return a checkpoint of ``base`` after ``steps`` AdamW steps of next-token loss on the
     answers of ``task`` (prompt tokens are not trained on). ``base`` is a checkpoint directory;
-    the result is reused when its fingerprint matches. ``steps=0`` returns ``base``."""
+    the result (default: ``<base>-sft-<task>-<fingerprint>`` beside it) is reused when its
+    fingerprint matches. ``steps=0`` returns ``base``."""
     base = Path(base)
     if steps == 0:
         return base
-    import labs.zoo
-
     task_kwargs = dict(task_kwargs or {})
-    key = json.dumps([SFT_FORMAT, str(base.resolve()), labs.zoo.weights_hash(base), task, task_kwargs,
-                      steps, seed, lr, batch], sort_keys=True)
+    weights = hashlib.sha256()
+    for f in sorted(base.glob("*.safetensors")):
+        weights.update(f.read_bytes())
+    key = json.dumps([SFT_FORMAT, weights.hexdigest(), task, task_kwargs, steps, seed, lr, batch], sort_keys=True)
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
-    target = Path(out) if out is not None else labs.zoo.default_root() / f"{base.name}-sft-{task}-{fingerprint}"
+    target = Path(out) if out is not None else base.parent / f"{base.name}-sft-{task}-{fingerprint}"
     if (target / "sft.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,11 @@ ADVANTAGES = ("grpo", "drgrpo")
 @dataclass
 class TrainConfig:
     # --- model and data
-    model: str = "zoo:tiny-qwen3-moe"
-    """``zoo:NAME`` (built with ``labs.zoo``, then SFT-warmed on the task) or a checkpoint path."""
+    model: str = ""
+    """HF checkpoint directory (required), e.g. the path ``mlab zoo build tiny-qwen3-moe`` prints."""
     sft_steps: int = 100
-    """SFT warm-up steps for a ``zoo:`` model, so RL starts from a policy that sometimes succeeds."""
+    """task SFT warm-up steps before RL (cached), so RL starts from a policy that sometimes
+    succeeds; 0 starts from ``model`` as is (e.g. a real instruct model)."""
     task: str = "arithmetic"
     """a ``minirl.tasks`` name: arithmetic, countdown, sorting."""
     task_kwargs: dict = field(default_factory=lambda: {"digits": 1})

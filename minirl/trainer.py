@@ -247,16 +247,12 @@ class Trainer:
 
 
 def resolve_model(c: TrainConfig) -> Path:
-    """``zoo:NAME`` -> the zoo checkpoint after the task's SFT warm-up; anything else is a path."""
-    if c.model.startswith("zoo:"):
-        import labs.zoo
-
-        base = labs.zoo.build(c.model[4:])
-        return warm_start(base, c.task, c.task_kwargs, steps=c.sft_steps, seed=c.seed, progress=c.progress)
+    """The checkpoint RL starts from: ``c.model`` after ``c.sft_steps`` of task SFT (cached)."""
     path = Path(c.model)
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"model={c.model!r}: no config.json there; pass a checkpoint directory or zoo:NAME")
-    return path
+        raise FileNotFoundError(f"model={c.model!r}: no config.json there; pass an HF checkpoint directory "
+                                f"(e.g. the path `mlab zoo build tiny-qwen3-moe` prints)")
+    return warm_start(path, c.task, c.task_kwargs, steps=c.sft_steps, seed=c.seed, progress=c.progress)
 
 
 def pack(rollouts) -> Batch:

@@ -6,6 +6,7 @@ import nbformat
 import pytest
 from nbclient.exceptions import CellTimeoutError
 
+from tests.labs.test_notebook_outputs import OUTPUT_CHECKS
 from tests.notebook_runner import NOTEBOOKS, run_notebook
 
 ALL = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
@@ -21,6 +22,7 @@ def test_notebook_executes(name, zoo_root):
     assert not errors
     images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, f"{name} shows no plot"
+    OUTPUT_CHECKS.get(name, lambda _: None)(nb)  # per-notebook checks on the real outputs
 
 
 @pytest.mark.notebook

@@ -4,7 +4,10 @@ vLLM and SGLang share one module layout and one set of conventions, which is why
 serves both (their adapters only add how the token layout and the model are reached):
   * tensors are flat ``[num_tokens, ...]`` over all requests of a step (no batch dim);
   * ``qkv_proj`` is one GEMM: q, k, v are split by ``(q_size, kv_size, kv_size)``; q/k after
-    RoPE are the outputs of ``self_attn.rotary_emb(positions, q, k) -> (q, k)``;
+    RoPE are the outputs of ``self_attn.rotary_emb(positions, q, k) -> (q, k)``. vLLM caches
+    one rotary module per RoPE config, so every layer calls the *same* module: its hook
+    emits for the layer whose attention is running (a pre-hook on each attention says
+    which), else every layer's q/k would be overwritten by the last layer's;
   * linear layers return ``(out, bias)``; the MoE ``gate`` returns ``(router_logits, None)``
     and the top-k happens inside the fused-MoE kernel (recomputed here the way the kernel
     routes: fp32 softmax, top-k, renormalised when the config says so);
@@ -153,6 +156,7 @@ class FusedModuleAdapter(Adapter):
                               bool(getattr(config, "norm_topk_prob", True)))
         self._handles: list = []
         self._rows: list[Rows] | None = None
+        self._layer: int | None = None  # the layer whose attention runs (for shared modules)
 
     def available_sites(self) -> list[str]:
         sites = [k if p.layer is None else f"L{p.layer}.{k}" for p in self.plan for k in p.kinds]
@@ -162,11 +166,21 @@ class FusedModuleAdapter(Adapter):
         need = recorder.needed
         self._recorder = recorder
         self._handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
+        for lr in self.roles.layers:
+            self._handles.append(lr.attn.register_forward_pre_hook(lambda m, a, i=lr.index: self._enter(i)))
+        owners: dict[int, set] = {}
+        for p in self.plan:
+            owners.setdefault(id(p.module), set()).add(p.layer)
         for p in self.plan:
             names = {k: k if p.layer is None else f"L{p.layer}.{k}" for k in p.kinds}
+            shared = len(owners[id(p.module)]) > 1
             if need & set(names.values()):
                 self._handles.append(p.module.register_forward_hook(
-                    lambda m, a, o, p=p, names=names: self._emit(recorder, need, names, p.read(a, o))))
+                    lambda m, a, o, p=p, names=names, shared=shared: None if shared and self._layer != p.layer
+                    else self._emit(recorder, need, names, p.read(a, o))))
+
+    def _enter(self, layer: int) -> None:
+        self._layer = layer
 
     def _begin(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._recorder.forward_boundary()  # steps interleave inside a forward: flush between forwards
@@ -185,27 +199,39 @@ class FusedModuleAdapter(Adapter):
     def _n_rows(self) -> int:
         return sum(len(meta.request) for _, meta in self._rows)
 
-    def _last_rows(self, n: int) -> list[Rows]:
-        """Rows of a tensor computed only at each request's last token (engines compute
-        logits for the sampled positions only); [] when ``n`` is not the request count."""
-        total = self._n_rows()
-        cols = torch.empty(4, total, dtype=torch.long)  # request, position, token, step in flat order
+    def _columns(self) -> torch.Tensor:
+        """[4, n_rows]: request, position, token, step of each flat row of this forward."""
+        cols = torch.empty(4, self._n_rows(), dtype=torch.long)
         for idx, meta in self._rows:
             at = slice(None) if idx is None else idx
             cols[0, at], cols[1, at], cols[2, at], cols[3, at] = (meta.request, meta.position, meta.token_id,
                                                                   meta.step)
-        last = torch.nonzero(torch.cat([cols[0, 1:] != cols[0, :-1], torch.tensor([True])]))[:, 0]
-        if len(last) != n:
-            return []
-        req, pos, tok, step = cols[:, last]
+        return cols
+
+    def _last_rows(self, n: int) -> list[Rows]:
+        """Rows of a tensor computed only at each request's last token (engines compute
+        logits for the sampled positions only); [] when ``n`` is not the request count."""
+        req = self._columns()[0]
+        last = torch.nonzero(torch.cat([req[1:] != req[:-1], torch.tensor([True])]))[:, 0]
+        return self.rows_at(last) if len(last) == n else []
+
+    def rows_at(self, flat: torch.Tensor) -> list[Rows]:
+        """Rows for a tensor whose i-th row is flat row ``flat[i]`` of this forward."""
+        req, pos, tok, step = self._columns()[:, flat]
         return [(torch.nonzero(step == s)[:, 0], TokenMeta(req[step == s], pos[step == s], tok[step == s], int(s)))
                 for s in sorted(set(step.tolist()))]
+
+    def emit_rows(self, site: str, value: torch.Tensor, rows: list[Rows]) -> None:
+        """Emit ``value`` [n, ...] at ``rows`` (from ``rows_at``) if the capture needs ``site``."""
+        if site in self._recorder.needed:
+            for idx, meta in rows:
+                self._recorder.emit(site, value if idx is None else value[idx.to(value.device)], meta)
 
     def detach(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._rows = None
+        self._rows = self._layer = None
 
     def run(self, input_ids: torch.Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__} captures the engine's own calls; run it under the Tracker")

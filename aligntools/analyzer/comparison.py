@@ -14,6 +14,7 @@ same per-token metrics, so notebooks can ask for any of them (figures: ``alignto
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -33,6 +34,7 @@ from aligntools.analyzer.token_align import Alignment, next_token_ids
 from aligntools.analyzer.token_align import align as align_tokens
 from aligntools.analyzer.tolerance import Tolerance, coarser
 from aligntools.tracker.stats import STAT_NAMES, row_stats
+from aligntools.tracker.store import EMITTED
 
 GATED_BASES = ("tensor", "stats")
 TABLE_COLUMNS = [
@@ -199,7 +201,39 @@ def _gated_error(site: str, summary: dict) -> float:
     one_sided = summary.get("missing_a", 0) + summary.get("missing_b", 0)
     if summary.get("nonfinite_mismatch", 0) > 0 or (one_sided > 0 and S.parse(site).kind not in SPARSE_SITES):
         return np.inf
+    if summary.get("nan_rows", 0) > 0 or (one_sided > 0 and summary.get("n_tokens", 1) == 0):
+        return np.inf  # NaN rows the engine did emit, or no row left to compare at all
     return summary["rel_l2"]
+
+
+def _nan_rows(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment, rows: dict) -> int:
+    """Rows all-NaN on one side although that side's engine emitted them (``emitted.<site>``
+    mask written by the Tracker): a NaN blow-up, not a token the engine never computed."""
+    count = 0
+    for ds, idx, side in ((a, al.idx_a, "missing_a"), (b, al.idx_b, "missing_b")):
+        mask = ds.coords.get(EMITTED + site)
+        if mask is not None:
+            emitted = np.asarray(mask.values) == 1
+            count += int(np.count_nonzero(np.asarray(rows[side], dtype=bool) & (emitted if idx is None else emitted[idx])))
+    return count
+
+
+class DifferentModelsError(ValueError):
+    """The captures come from different checkpoints (their ``model_hash`` attrs differ)."""
+
+
+def _check_same_model(sides: dict[str, xr.Dataset | None]) -> None:
+    """Raise when two captures carry different checkpoint hashes. Only file hashes (64 hex
+    digits) are compared: a parameter hash (``params:...``, models built in memory) changes
+    with the dtype the same weights are held in, and ``unknown`` says nothing."""
+    hashes = {k: str(ds.attrs.get("model_hash", "")) for k, ds in sides.items() if ds is not None}
+    known = {k: h for k, h in hashes.items() if re.fullmatch(r"[0-9a-f]{64}", h)}
+    if len(set(known.values())) > 1:
+        listed = ", ".join(f"{k} {h[:12]}" for k, h in known.items())
+        raise DifferentModelsError(
+            f"the captures come from different models (model_hash {listed}): their activations are not "
+            f"comparable. If that is intended (e.g. quantized vs original weights), pass "
+            f"allow_different_models=True (mlab diff --allow-different-models)")
 
 
 def load_capture(path: str | Path) -> xr.Dataset:
@@ -261,6 +295,7 @@ def _compare_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
     sums = M.row_sums(xa, xb, al.idx_a, al.idx_b, workers=workers)
     rows, summary = M.derive(sums), {k: float(v) for k, v in M.derive(M.aggregate(sums)).items()}
     summary["n_tokens"] = int(np.count_nonzero(sums["n_valid"]))
+    summary["nan_rows"] = _nan_rows(site, a, b, al, rows)
     if site == "logits" and next_ids is not None:
         lr = M.logit_rows(xa, xb, next_ids, al.idx_a, al.idx_b, valid=sums["n_valid"] > 0)
         rows.update(lr)
@@ -271,7 +306,7 @@ def _compare_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
 def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | None = None,
             align: str = "strict", tolerance: Tolerance | str | Path | None = None,
             threshold: float = GROWTH_THRESHOLD, workers: int | None = None,
-            labels: tuple[str, str] = ("a", "b")) -> Comparison:
+            labels: tuple[str, str] = ("a", "b"), allow_different_models: bool = False) -> Comparison:
     """Measure capture ``b`` (side under test) against ``a`` (trusted side).
 
     reference: optional higher-precision run of ``a``'s side (e.g. the training engine in
@@ -281,10 +316,19 @@ def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | N
     sites: glob pattern(s) restricting the compared sites. align: token alignment mode
     (``aligntools.analyzer.token_align``). tolerance: a Tolerance or a JSON file path. threshold:
     growth factor for first divergence. workers: threads for the metric kernels.
+    allow_different_models: compare captures whose ``model_hash`` differs (e.g. quantized vs
+    original weights); by default that raises ``DifferentModelsError``, since activations of
+    two different models disagree for reasons no tolerance describes.
     """
     ds_a, ds_b = as_dataset(a), as_dataset(b)
+    ds_ref = None if reference is None else as_dataset(reference)
+    if not allow_different_models:
+        _check_same_model({labels[0]: ds_a, labels[1]: ds_b, "reference": ds_ref})
     tol = Tolerance.load(tolerance) if isinstance(tolerance, (str, Path)) else (tolerance or Tolerance())
     va, vb = _site_vars(ds_a), _site_vars(ds_b)
+    if sites is not None and not [x for x in (sites.split(",") if isinstance(sites, str) else sites) if x.strip()]:
+        raise ValueError(f"sites={sites!r} selects no site; give glob patterns such as 'logits' or "
+                         f"'L*.resid_post', or None for every shared site")
     if sites is not None:
         chosen = S.select(sites, S.sort_sites(sorted(set(va) | set(vb))))
         va, vb = [s for s in va if s in chosen], [s for s in vb if s in chosen]
@@ -296,8 +340,9 @@ def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | N
         raise ValueError(f"no token of a lines up with one of b (align={align!r})")
     next_ids = next_token_ids(ds_a, al) if "logits" in common else None
     results = {s: _compare_site(s, ds_a, ds_b, al, next_ids, workers) for s in common}
-    if reference is not None:
-        ref = compare(reference, ds_a, sites=common, align=align, tolerance=tol, workers=workers)
+    if ds_ref is not None:
+        ref = compare(ds_ref, ds_a, sites=common, align=align, tolerance=tol, workers=workers,
+                      allow_different_models=True)  # checked above
         tol = tol.with_noise_floor({s: r.summary["rel_l2"] for s, r in ref.results.items()
                                     if r.basis in GATED_BASES})
     return Comparison(results=results, alignment=al, tolerance=tol, routing=routing_diff(ds_a, ds_b, al),

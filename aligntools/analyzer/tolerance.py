@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,21 +116,57 @@ class Tolerance:
 
     @classmethod
     def from_dict(cls, spec: Mapping) -> Tolerance:
-        """Policy from the JSON layout in the module docstring (unknown keys are errors)."""
+        """Policy from the JSON layout in the module docstring. Checked whole before use:
+        unknown keys or dtypes, non-numbers and negative values are ``ValueError``s naming
+        the entry (a negative ``k`` or ``atol`` would fail identical captures)."""
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"a tolerance spec is a JSON object with keys default, dtypes, sites; got "
+                             f"{type(spec).__name__}")
         unknown = set(spec) - {"default", "dtypes", "sites"}
         if unknown:
             raise ValueError(f"unknown tolerance keys {sorted(unknown)}; use default, dtypes, sites")
-        fields = {f.name for f in dataclasses.fields(Rule)}
-        for part in [spec.get("default", {}), *spec.get("dtypes", {}).values(), *spec.get("sites", {}).values()]:
-            if set(part) - fields:
-                raise ValueError(f"tolerance entry {dict(part)} has keys outside {sorted(fields)}")
+        default = _rule_fields("default", spec.get("default", {}))
         dtypes = dict(DTYPE_RULES)
-        for name, over in spec.get("dtypes", {}).items():
-            d = canonical_dtype(name)
-            dtypes[d] = dataclasses.replace(dtypes[d], **over)
-        return cls(dtypes=dtypes, default=dict(spec.get("default", {})), sites=dict(spec.get("sites", {})))
+        for name, over in _section(spec, "dtypes").items():
+            d = str(name).removeprefix("torch.").lower()
+            d = _DTYPE_ALIASES.get(d, d)
+            if d not in DTYPE_RULES:
+                raise ValueError(f"tolerance dtypes: unknown dtype {name!r}; known: {', '.join(DTYPE_RULES)}")
+            dtypes[d] = dataclasses.replace(dtypes[d], **_rule_fields(f"dtypes.{name}", over))
+        sites = {str(pat): _rule_fields(f"sites.{pat}", over) for pat, over in _section(spec, "sites").items()}
+        return cls(dtypes=dtypes, default=default, sites=sites)
 
     @classmethod
     def load(cls, path: str | Path) -> Tolerance:
-        """Policy from a JSON file (see module docstring)."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Policy from a JSON file (see module docstring); errors name the file."""
+        try:
+            spec = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"tolerance file {path}: not JSON ({e})") from e
+        try:
+            return cls.from_dict(spec)
+        except ValueError as e:
+            raise ValueError(f"tolerance file {path}: {e}") from e
+
+
+def _section(spec: Mapping, key: str) -> Mapping:
+    part = spec.get(key, {})
+    if not isinstance(part, Mapping):
+        raise ValueError(f"tolerance {key!r} must be an object mapping names to rules; got {type(part).__name__}")
+    return part
+
+
+def _rule_fields(where: str, part: object) -> dict[str, float]:
+    """Rule overrides: known fields only, each a finite number >= 0."""
+    fields = [f.name for f in dataclasses.fields(Rule)]
+    if not isinstance(part, Mapping):
+        raise ValueError(f"tolerance entry {where} must be an object with keys among {fields}; got {part!r}")
+    if set(part) - set(fields):
+        raise ValueError(f"tolerance entry {where} {dict(part)} has keys outside {fields}")
+    for key, value in part.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"tolerance entry {where}: {key} must be a number; got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"tolerance entry {where}: {key} must be finite and >= 0; got {value!r} "
+                             f"(a negative limit fails even identical captures)")
+    return {k: float(v) for k, v in part.items()}

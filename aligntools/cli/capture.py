@@ -1,6 +1,6 @@
 """``mlab capture``: capture sites of an engine run to a file, from the command line.
 
-    mlab capture --model PATH --engine hf|minirl[:PRESET][,knob=value...]
+    mlab capture --model PATH --engine hf[:DTYPE]|minirl[:PRESET][,knob=value...]|vllm[:DTYPE][,option=value...]
                  (--text "..." | --ids FILE) [--sites "L*.resid_post,logits"]
                  [--mode tensor|stats] [--dtype D] [--budget-bytes N] --out cap.nc|cap.zarr
 
@@ -18,10 +18,12 @@ from pathlib import Path
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "capture", help="capture activations of one engine run (sites of docs/sites.md) to a file",
-        description="Run one teacher-forced forward (hf) or score (minirl) and save the captured sites "
+        description="Run one teacher-forced forward (hf), score (minirl) or prompt-logprobs prefill (vllm) "
+                    "and save the captured sites "
                     "as netCDF (.nc) or zarr (.zarr), readable later without the model.")
     p.add_argument("--model", required=True, help="HF checkpoint directory (config.json + *.safetensors)")
-    p.add_argument("--engine", default="hf", help="hf[:DTYPE] or minirl[:aligned|typical|hf_exact][,knob=value...]")
+    p.add_argument("--engine", default="hf", help="hf[:DTYPE], minirl[:aligned|typical|hf_exact][,knob=value...] or "
+                        "vllm[:DTYPE][,max_model_len=N,max_num_seqs=N,prefix_caching=BOOL,seed=N]")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="text to tokenize with the checkpoint's tokenizer")
     src.add_argument("--ids", help="JSON file: a list of token-id lists")

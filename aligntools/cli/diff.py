@@ -22,6 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--tolerance", default=None, help="JSON tolerance file (see aligntools.tolerance)")
     p.add_argument("--reference", default=None, help="higher-precision capture of a's side: sets the noise floor")
     p.add_argument("--align", default="strict", choices=MODES, help="token alignment mode")
+    p.add_argument("--allow-different-models", action="store_true",
+                   help="compare captures whose model_hash differs (e.g. quantized vs original weights)")
     p.set_defaults(func=run)
     return p
 
@@ -35,9 +37,9 @@ def run(args: argparse.Namespace) -> int:
         a, b = load_capture(args.a), load_capture(args.b)
         ref = load_capture(args.reference) if args.reference else None
         cmp = compare(a, b, ref, sites=args.sites, align=args.align, tolerance=args.tolerance,
-                      labels=(args.a, args.b))
+                      labels=(args.a, args.b), allow_different_models=args.allow_different_models)
     except (FileNotFoundError, CaptureFileError, ValueError, TypeError) as e:
-        print(f"mlab diff: error: {e}", file=sys.stderr)
+        print(f"mlab diff: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(cmp.summary())
     return 0 if cmp.passes else 1

@@ -6,7 +6,9 @@ One grammar for every CLI that names an engine (``mlab capture``, ``mlab check``
 ``experts=eager|grouped_mm|batched_mm``; unset = what ``from_pretrained`` picks, sdpa and
 grouped_mm on CPU in transformers 5.23); for ``minirl`` the preset is a Knobs preset
 (``typical``, ``aligned`` or ``hf_exact``) and the options are Knobs fields, converted from text
-with the field's type (``Knobs.parse_value``).
+with the field's type (``Knobs.parse_value``); for ``vllm`` the preset is a dtype and the options
+are ``aligntools.adapters.vllm_engine.OPTIONS`` (``max_model_len``, ``max_num_seqs``,
+``prefix_caching``, ``seed``): an in-process, eager vLLM ``LLM``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 
 HF_DTYPES = ("float32", "bfloat16", "float16")
 MINIRL_PRESETS = ("aligned", "typical", "hf_exact")  # Knobs classmethods: aligned(), typical_inference(), hf_exact()
-ENGINES = ("hf", "minirl")
+ENGINES = ("hf", "minirl", "vllm")
 HF_OPTIONS = {"attn": ("eager", "sdpa"), "experts": ("eager", "grouped_mm", "batched_mm")}
 """transformers' ``attn_implementation`` / ``experts_implementation``: a trainer's choice that
 changes its numerics (sdpa vs eager differ by up to 0.39 in a bf16 MoE token logprob)."""
@@ -34,7 +36,7 @@ def parse_engine_spec(spec: str) -> tuple[str, str | None, dict[str, object]]:
         raise ValueError(f"unknown engine {name!r} in {spec!r}; engines: {', '.join(ENGINES)}")
     items = [x.strip() for x in rest.split(",") if x.strip()] if rest else []
     preset = items.pop(0) if items and "=" not in items[0] else None
-    presets = HF_DTYPES if name == "hf" else MINIRL_PRESETS
+    presets = MINIRL_PRESETS if name == "minirl" else HF_DTYPES
     if preset is not None and preset not in presets:
         raise ValueError(f"unknown {name} preset {preset!r} in {spec!r}; presets: {', '.join(presets)}")
     raw = dict(item.split("=", 1) for item in items if "=" in item)
@@ -43,6 +45,10 @@ def parse_engine_spec(spec: str) -> tuple[str, str | None, dict[str, object]]:
         raise ValueError(f"expected knob=value after the preset in {spec!r}; got {bad}")
     if name == "hf":
         return name, preset, {k.strip(): hf_option(k.strip(), v.strip()) for k, v in raw.items()}
+    if name == "vllm":
+        from aligntools.adapters.vllm_engine import parse_options
+
+        return name, preset, parse_options(spec, {k.strip(): v.strip() for k, v in raw.items()})
     return name, preset, {k.strip(): knob_value(k.strip(), v.strip()) for k, v in raw.items()}
 
 
@@ -95,10 +101,15 @@ def load_hf(path: str | os.PathLike, dtype: str, attn: str | None = None, expert
 
 def load_target(spec: str, path: str | os.PathLike, dtype: str | None = None) -> object:
     """Build the engine a spec names on checkpoint ``path``: a transformers model (``hf``,
-    dtype from the preset or ``dtype``) or a minirl Engine (knobs from preset + overrides)."""
+    dtype from the preset or ``dtype``), a minirl Engine (knobs from preset + overrides) or an
+    in-process vLLM ``LLM`` (``vllm``, dtype from the preset or ``dtype``, default float32)."""
     name, preset, overrides = parse_engine_spec(spec)
     if name == "hf":
         return load_hf(path, preset or dtype or "float32", **overrides)
+    if name == "vllm":
+        from aligntools.adapters.vllm_engine import create_llm
+
+        return create_llm(path, preset or dtype or "float32", **overrides)
     from minirl import Engine
 
     return Engine.from_pretrained(path, dtype=dtype or minirl_default_dtype(preset),

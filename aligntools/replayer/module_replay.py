@@ -28,6 +28,7 @@ capture's ``model_path`` attr when it has one.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,12 +115,28 @@ class _Weights:
         return {"theta": float(theta), "rotary_dim": int(head_dim * partial), "style": "neox"}
 
 
+def _check_same_model(captured: str, model: object) -> None:
+    """Compare checkpoint file hashes (as ``compare`` does); a parameter hash or ``unknown``
+    on either side cannot be compared and passes."""
+    from aligntools.tracker.provenance import checkpoint_hash
+
+    if isinstance(model, torch.nn.Module):
+        path = getattr(getattr(model, "config", None), "_name_or_path", None)
+        model = path if path and Path(path).is_dir() else None
+    found = checkpoint_hash(model) if model is not None else None
+    file_hash = re.compile(r"[0-9a-f]{64}")
+    if found and file_hash.fullmatch(captured) and file_hash.fullmatch(found) and found != captured:
+        raise ValueError(f"the weights in {model} (sha256 {found[:12]}) are not the model this capture was "
+                         f"taken from (model_hash {captured[:12]}); pass that checkpoint as model=, or "
+                         f"allow_different_models=True to replay on other weights on purpose")
+
+
 def _layer(i: int, name: str) -> str:
     return f"model.layers.{i}.{name}"
 
 
 def replay(capture, site: str, impl: str = "reference", model: object = None,
-           dtype: str | None = None) -> ReplayResult:
+           dtype: str | None = None, allow_different_models: bool = False) -> ReplayResult:
     """Re-run the op that produced ``site`` on its captured inputs under ``impl``.
 
     ``impl``: a kernels variant of the site's op (``kernels.variants("rmsnorm")`` ...) or a dtype
@@ -127,6 +144,8 @@ def replay(capture, site: str, impl: str = "reference", model: object = None,
     inputs are cast to (default: the dtype the engine computed the site in). ``model``: the
     weights, a transformers model or checkpoint directory (default: the capture's
     ``model_path`` attr). Needs a tensor-mode capture with the input site captured.
+    Weights whose checkpoint hash differs from the capture's ``model_hash`` are refused (the
+    replay error would measure the other model, not ``impl``) unless ``allow_different_models``.
     """
     ds = capture.dataset
     if capture.mode != "tensor":
@@ -136,6 +155,8 @@ def replay(capture, site: str, impl: str = "reference", model: object = None,
         raise ValueError("replay needs the weights: pass model= (a transformers model or a checkpoint "
                          "directory); this capture has no model_path attr")
     weights = _Weights(model)
+    if not allow_different_models:
+        _check_same_model(str(ds.attrs.get("model_hash", "")), model)
     if impl in DTYPES:
         impl, dtype = "reference", impl
     dtype = dtype or _default_dtype(ds, site)

@@ -127,6 +127,18 @@ class _WriteErrors:
                                                f"{exc.strerror or exc}") from exc
 
 
+def open_store(path: str | os.PathLike | None, attrs: dict) -> Store:
+    """A store for ``path``: ``None`` keeps rows in memory; a path streams to a crash-safe
+    journal next to it (``.NAME.partial``) that becomes ``path`` when the run finishes.
+
+    The target is checked first (``files.check_target``): a directory or file that is not a
+    capture is refused, never overwritten.
+    """
+    if path is None:
+        return MemoryStore(attrs)
+    return JournalStore(Path(path), attrs)
+
+
 def read_index(journal: Path) -> dict:
     index = json.loads((journal / INDEX).read_text())
     if index.get("format") != FORMAT:

@@ -2,7 +2,7 @@
 
 Why one append-only interface: the Tracker flushes blocks of finished token rows as it goes,
 so a long capture streams to disk instead of growing in memory. On disk the rows go to a
-journal (``aligntools.tracker.journal``) that survives ``kill -9`` at any moment, and the
+journal (``aligntools.tracker.journal.open_store``) that survives ``kill -9`` at any moment, and the
 ``.nc`` / ``.zarr`` file the user asked for (``aligntools.tracker.files``) is written from it
 and renamed into place only when the run finished. Every variable is ``(token, ...)`` except
 ``stat`` (the stats-mode coordinate).
@@ -11,9 +11,7 @@ and renamed into place only when the run finished. Every variable is ``(token, .
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -54,20 +52,6 @@ class Store(Protocol):
 
     def close(self, attrs: dict) -> None:
         """Write the final dataset attrs (incl. ``complete``) and release the file."""
-
-
-def open_store(path: str | os.PathLike | None, attrs: dict) -> Store:
-    """A store for ``path``: ``None`` keeps rows in memory; a path streams to a crash-safe
-    journal next to it (``.NAME.partial``) that becomes ``path`` when the run finishes.
-
-    The target is checked first (``files.check_target``): a directory or file that is not a
-    capture is refused, never overwritten.
-    """
-    if path is None:
-        return MemoryStore(attrs)
-    from aligntools.tracker.journal import JournalStore
-
-    return JournalStore(Path(path), attrs)
 
 
 def is_coord(name: str) -> bool:

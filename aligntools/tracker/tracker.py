@@ -27,8 +27,7 @@ from tqdm.auto import tqdm
 
 from aligntools.adapters import adapter_for
 from aligntools.tracker.capture_dataset import Capture
-from aligntools.tracker.journal import partial_path
-from aligntools.tracker.store import open_store
+from aligntools.tracker.journal import open_store, partial_path
 from aligntools.tracker.provenance import library_versions
 from aligntools.tracker.recorder import CaptureBudgetExceeded, Recorder, TokenFilter
 from aligntools.sites import select

@@ -84,11 +84,11 @@ def _heatmap(cmp: Comparison, sites: list[str], labels: list[str], metric: str, 
                    cmap="magma")
     ax.set_xticks(range(len(labels)), labels, rotation=60 if len(labels) > 8 else 0, fontsize=FONT)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("token (request, position)")
+    ax.set_ylabel("token (request:position)")
     tok = cmp.alignment.tokens
     step = max(1, len(tok) // 12)
     ax.set_yticks(range(0, len(tok), step),
-                  [f"{r},{p}" for r, p in zip(tok["request"][::step], tok["position"][::step])], fontsize=FONT)
+                  [f"{r}:{p}" for r, p in zip(tok["request"][::step], tok["position"][::step])], fontsize=FONT)
     ax.set_title(title)
     fig.colorbar(im, ax=ax)
     return fig

@@ -65,3 +65,20 @@ def test_growth_is_stated_in_every_jump_finding(flipped_pair):
     cmp = aligntools.compare(a, with_mlp_error(a, b, np.full(a.sizes["token"], 0.1)))
     mlp = next(f for f in cmp.diagnosis if f.cause == "mlp_path")
     assert "from a clean input" in mlp.evidence  # mlp_norm and topk_weights are exact here
+
+
+def test_without_per_token_ids_the_finding_says_it_cannot_tell(flipped_pair):
+    """Stats-mode expert ids carry no per-token flips: the spike is still named, with that caveat."""
+    from aligntools.analyzer.diagnosis import diagnose
+
+    a, b = flipped_pair
+    rel = np.zeros(a.sizes["token"])
+    rel[FLIPPED] = 0.5
+    cmp = aligntools.compare(a, with_mlp_error(a, b, rel))
+
+    def no_ids(site):
+        rows = cmp.per_token(site)
+        return rows.drop(columns=["set_flip"]) if site.endswith("topk_ids") else rows
+
+    flip = next(f for f in diagnose(cmp.growth, cmp.table, cmp.routing, no_ids) if f.cause == "expert_flip")
+    assert flip.site == "L1.mlp_out" and "cannot be told" in flip.evidence and flip.confidence < 0.5

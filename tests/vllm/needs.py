@@ -1,0 +1,8 @@
+"""The skip marker of tests that run real vLLM (one-line reason when it cannot run here)."""
+
+import pytest
+
+from aligntools.adapters.vllm_engine import unavailable_reason
+
+REASON = unavailable_reason()
+needs_vllm = pytest.mark.skipif(REASON is not None, reason=REASON or "")
