@@ -14,7 +14,7 @@ TORCH_INDEX := https://download.pytorch.org/whl/cpu
 # vLLM's CPU build (requirements-vllm.txt) is part of the default environment on Linux x86-64.
 WITH_VLLM := $(shell [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ] && echo 1)
 
-.PHONY: venv demo test test-all lab bench clean
+.PHONY: venv demo test test-all lab bench reproduce notebooks clean
 
 venv: $(STAMP)
 
@@ -42,6 +42,17 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_tracker.py --hidden 1024
 	$(PY) benchmarks/bench_compare.py
+
+# Every paper finding at full size: runs/reproduce/<name>/ + one table (paper vs ours). --small: minutes.
+reproduce: $(STAMP)
+	$(PY) -m labs.reproduce
+
+# Executed HTML copies of every notebook (small size unless SMALL=0), per-cell timeout.
+SMALL ?= 1
+notebooks: $(STAMP)
+	mkdir -p runs/notebooks
+	MLAB_NOTEBOOK_SMALL=$(SMALL) .venv/bin/jupyter nbconvert --to html --execute \
+		--ExecutePreprocessor.timeout=600 --output-dir runs/notebooks notebooks/*.ipynb
 
 # --allow-root: JupyterLab refuses to start as root without it (containers, CI boxes).
 lab: $(STAMP)

@@ -15,7 +15,6 @@ No weights change between steps here (no trainer in the loop): this times the ro
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import random
 import statistics
@@ -27,20 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from labs import zoo  # noqa: E402
+from labs.c3po_lab import calibrate_stop_ids  # noqa: E402
 from minirl import Engine, SamplingParams  # noqa: E402
 from minirl.c3po import C3poConfig, C3poScheduler  # noqa: E402
-
-
-def calibrate_stop_ids(engine: Engine, prompt, target: float = 0.025) -> tuple[int, ...]:
-    """Rarest sampled tokens whose total frequency is ~``target``: a per-token stop chance."""
-    outs = engine.generate([prompt() for _ in range(16)], SamplingParams(max_new_tokens=64, seed=123))
-    counts = collections.Counter(t for o in outs for t in o.token_ids)
-    total, acc, chosen = sum(counts.values()), 0.0, []
-    for tok, n in sorted(counts.items(), key=lambda x: (x[1], x[0])):
-        if acc + n / total <= target:
-            chosen.append(tok)
-            acc += n / total
-    return tuple(chosen)
 
 
 def main() -> None:

@@ -7,6 +7,10 @@ configuration: transformers with its default sdpa attention and grouped_mm exper
 ``torch.inference_mode``), generated tokens per wall
 second, prefill included on both sides; prefill = one full forward over ``--batch`` x
 ``--prefill-len`` tokens (``Engine.score`` vs the HF forward + log_softmax), tokens per second.
+Where vLLM's CPU build runs (``requirements-vllm.txt``; ``--no-vllm`` skips it), decode also
+times real vLLM in the same rounds: an in-process eager ``LLM`` (prefix caching off), the same
+prompts as token ids, T=1 sampling, EOS ignored. vLLM pins its worker to one torch thread,
+so compare at ``--threads 1`` (the default).
 
 Mismatch (``--mismatch``): for every zoo model, |logprob_minirl - logprob_transformers| on the
 same sampled sequences, for the ``typical_inference`` and ``aligned`` presets (and ``aligned``
@@ -91,8 +95,11 @@ def throughput(args: argparse.Namespace) -> dict[str, float]:
         out = hf.generate(prompts, generation_config=hf_config, attention_mask=torch.ones_like(prompts))
         assert out.shape[1] == args.prompt_len + args.new_tokens
 
-    t = _best_times({"minirl": lambda: engine.generate(prompts.tolist(), params), "hf": hf_generate},
-                    args.repeats)
+    decoders = {"minirl": lambda: engine.generate(prompts.tolist(), params), "hf": hf_generate}
+    llm = _vllm(path, args)
+    if llm is not None:
+        decoders["vllm"] = lambda: _vllm_generate(llm, prompts, args.new_tokens)
+    t = _best_times(decoders, args.repeats)
     p = _best_times({"minirl": lambda: engine.score(long.tolist()),
                      "hf": lambda: hf(long).logits.float().log_softmax(-1)}, args.repeats)
     n_gen, n_pre = args.batch * args.new_tokens, args.batch * args.prefill_len
@@ -103,10 +110,38 @@ def throughput(args: argparse.Namespace) -> dict[str, float]:
     print(f"decode  (batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens): "
           f"minirl {res['decode_minirl']:8.0f} tok/s | transformers {res['decode_hf']:8.0f} tok/s | "
           f"ratio {res['decode_minirl'] / res['decode_hf']:.2f}x")
+    if llm is not None:
+        import vllm
+
+        res["decode_vllm"] = n_gen / t["vllm"]
+        print(f"decode, vLLM CPU {vllm.__version__}: {res['decode_vllm']:8.0f} tok/s | "
+              f"minirl/vLLM {res['decode_minirl'] / res['decode_vllm']:.2f}x | "
+              f"transformers/vLLM {res['decode_hf'] / res['decode_vllm']:.2f}x")
     print(f"prefill (batch {args.batch} x {args.prefill_len} tokens):             "
           f"minirl {res['prefill_minirl']:8.0f} tok/s | transformers {res['prefill_hf']:8.0f} tok/s | "
           f"ratio {res['prefill_minirl'] / res['prefill_hf']:.2f}x")
     return res
+
+
+def _vllm(path: Path, args: argparse.Namespace):
+    """An in-process vLLM on ``path``, or None (with the reason) when it cannot run here."""
+    from aligntools.adapters.vllm_engine import create_llm, unavailable_reason
+
+    reason = "skipped (--no-vllm)" if args.no_vllm else unavailable_reason()
+    if reason:
+        print(f"vLLM: {reason}")
+        return None
+    llm = create_llm(path, args.dtype, max_num_seqs=max(args.batch, 1))
+    torch.set_num_threads(args.threads)  # vLLM's worker set its own; keep the other engines at --threads
+    return llm
+
+
+def _vllm_generate(llm, prompts: torch.Tensor, new_tokens: int) -> None:
+    from vllm import SamplingParams as VllmParams
+
+    params = VllmParams(max_tokens=new_tokens, ignore_eos=True, temperature=1.0, seed=0)  # no top-k/top-p
+    out = llm.generate([{"prompt_token_ids": row} for row in prompts.tolist()], params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == new_tokens for o in out)
 
 
 @torch.no_grad()
@@ -154,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "1")),
                     help="intra-op threads (1 is the steadiest on a shared CPU box)")
     ap.add_argument("--mismatch", action="store_true", help="measure typical vs aligned bf16 mismatch instead")
+    ap.add_argument("--no-vllm", action="store_true", help="leave real vLLM out of the decode timing")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     return mismatch(args) if args.mismatch else throughput(args)

@@ -108,7 +108,7 @@ def scaffold_project(dest: str | os.PathLike, model_path: str | os.PathLike, tok
 
 def run_pytest(project: str | os.PathLike) -> CommandRun:
     """The project's test suite as CI runs it (``-p no:cacheprovider``: leave no cache behind)."""
-    return _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", "-rN"], Path(project))
+    return _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", "-rN", "--color=no"], Path(project))
 
 
 def report_images(report: str | os.PathLike) -> list[bytes]:

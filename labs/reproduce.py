@@ -137,7 +137,7 @@ def _decode_drift(small: bool) -> Outcome:
     from labs import zoo
     from labs.alignment_checklist import decode_drift
 
-    ds, fig = decode_drift(zoo.build("tiny-qwen3-moe"), n_prompts=4 if small else 16, new_tokens=24 if small else 128)
+    ds, fig = decode_drift(zoo.build("tiny-qwen3-moe"), n_prompts=4 if small else 8, new_tokens=24 if small else 96)
     gap = ds["dlogprob"].mean("sample")  # [mode, position]
     q = max(1, ds.sizes["position"] // 4)
     first, last = (float(gap.sel(mode="incremental").isel(position=s).mean()) for s in (slice(0, q), slice(-q, None)))

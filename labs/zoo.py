@@ -3,7 +3,8 @@
 Why build instead of download: tests and CI have no network, and alignment experiments need
 the *same* checkpoint format that transformers and inference engines load (config.json +
 model.safetensors + tokenizer files). Each model is initialised from a seed and trained for
-a few dozen steps on the built-in corpus, so its logits are peaked like a real model's.
+a few dozen steps on the built-in corpus, so its logits are far from uniform (random-init logits
+hide precision effects), though flatter than a real model's (smollm2-135m is the real one).
 Same name + seed gives byte-identical weights; builds are cached and written atomically.
 """
 

@@ -60,7 +60,8 @@ def warm_start(base: str | os.PathLike, task: str, task_kwargs: dict | None = No
 def encode(tokenizer, prompt: str, completion: str | None = None) -> tuple[list[int], list[int]]:
     """Token ids of a prompt (``bos`` + text) and of a completion (text + ``eos``), tokenised
     separately: exactly the split a rollout has (prompt ids, then generated ids)."""
-    prompt_ids = [tokenizer.bos_token_id] + tokenizer(prompt)["input_ids"]
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    prompt_ids = bos + tokenizer(prompt)["input_ids"]
     if completion is None:
         return prompt_ids, []
     return prompt_ids, tokenizer(" " + completion)["input_ids"] + [tokenizer.eos_token_id]

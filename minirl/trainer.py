@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minirl import SamplingParams, advantages, checkpointing, corrections, losses, tasks
+from minirl import SamplingParams, advantages, checkpointing, corrections, losses, router_replay, tasks
 from minirl.rollout_engine import RolloutEngine, make_engine
 from minirl.run_log import RunLog
 from minirl.sft import encode, warm_start
@@ -70,6 +70,9 @@ class Trainer:
         torch.manual_seed(c.seed)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         self.model.train()
+        if c.router_replay != "none" and not router_replay.routers(self.model):
+            raise ValueError(f"router_replay={c.router_replay!r} needs an MoE model (Qwen3-MoE, Mixtral); "
+                             f"{self.model_path} has no router: set router_replay: none")
         self.ref = None
         if c.kl_coef > 0:
             self.ref = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
@@ -94,7 +97,8 @@ class Trainer:
                 metrics["eval_accuracy"] = eval_accuracy
             self.log.append(step, metrics)
             self.step = step + 1
-            bar.set_postfix(reward=f"{metrics['reward']:.2f}", mismatch=f"{metrics.get('abs_dlogp_mean', math.nan):.1e}")
+            bar.set_postfix(reward=f"{metrics['reward']:.2f}",
+                            mismatch=f"{metrics.get('abs_dlogp_mean', math.nan):.1e}")
             if metrics["nan_skipped"]:
                 self.nan_streak += 1
                 if self.nan_streak >= self.cfg.max_nan_steps:
@@ -104,7 +108,8 @@ class Trainer:
                         f"lower lr, enable a correction (icepop/tis), or raise max_nan_steps")
             else:
                 self.nan_streak = 0
-            if self.cfg.checkpoint_every and (self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps):
+            every = self.cfg.checkpoint_every
+            if every and (self.step % every == 0 or self.step == self.cfg.steps):
                 self._save()
         return TrainResult(self.out, self.log.path, self.log.rows, self.model)
 

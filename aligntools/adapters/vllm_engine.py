@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import platform
+import weakref
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -108,8 +109,21 @@ def create_llm(path: str | os.PathLike, dtype: str = "float32", **options: objec
     from vllm import LLM
 
     kwargs = {k: v for k, v in options.items() if k != "prefix_caching"}
-    return LLM(model=str(path), dtype=dtype, enforce_eager=True,
-               enable_prefix_caching=bool(options.get("prefix_caching", False)), **kwargs)
+    llm = LLM(model=str(path), dtype=dtype, enforce_eager=True,
+              enable_prefix_caching=bool(options.get("prefix_caching", False)), **kwargs)
+    keep_parallel_groups(llm)
+    return llm
+
+
+def keep_parallel_groups(llm: object) -> None:
+    """When an in-process LLM is garbage-collected, vLLM's engine core tears down the
+    *process-wide* distributed state, and every other LLM of the process then fails with
+    "pipeline model parallel group is not initialized". Replace that finalizer with one that
+    only releases this engine's worker, so engines can come and go (tests, fingerprint, RL)."""
+    client = llm.llm_engine.engine_core  # InprocClient when VLLM_ENABLE_V1_MULTIPROCESSING=0
+    finalizer = getattr(client, "_finalizer", None)
+    if finalizer is not None and finalizer.detach() is not None:
+        client._finalizer = weakref.finalize(client, client.engine_core.model_executor.shutdown)
 
 
 def _make_room_for_experts(path: str | os.PathLike) -> None:
@@ -149,4 +163,16 @@ def sync_weights(llm: object, weights: Mapping[str, torch.Tensor] | Iterable[tup
     else:
         pairs = weights.items() if isinstance(weights, Mapping) else weights
         runner.reload_weights(weights_iterator=((k, v.detach()) for k, v in pairs))
+    _repack_experts(runner.model)
     llm.reset_prefix_cache()
+
+
+def _repack_experts(model: torch.nn.Module) -> None:
+    """vLLM 0.32 re-runs the MoE weight processing on reload but skips the experts kernel's own
+    step on a weight *update*; on CPU that step prepacks w13/w2 into the grouped-GEMM layout,
+    so without it the experts compute with raw weights (mean |Δ logprob| 0.89 on tiny-qwen3-moe).
+    Redo it for every MoE layer (a no-op for kernels that need no layer setup)."""
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None and hasattr(module, "w13_weight"):
+            kernel.fused_experts.process_weights_after_loading(module)

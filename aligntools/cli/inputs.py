@@ -52,7 +52,7 @@ def ids_from_json(text: str, source: str) -> list[list[int]]:
                 raise UsageError(f"{source}: token ids must be integers; request {r} position {pos} is {_short(tok)}")
     lengths = sorted({len(r) for r in rows})
     if len(lengths) > 1:
-        raise UsageError(f"{source}: every request must have the same length (no padding); got lengths {lengths}")
+        raise UsageError(f"{source}: requests must be equal-length (no padding); got lengths {lengths}")
     return rows
 
 

@@ -94,7 +94,7 @@ class Capture:
             writer.append(specs, rows, n_rows)
 
         attrs = plain_attrs(ds.attrs)
-        publish(Path(path), lambda tmp, fmt: write_capture(tmp, fmt, attrs, n_rows, fill))
+        publish(Path(path), lambda tmp, fmt: write_capture(tmp, fmt, attrs, n_rows, ds.nbytes, fill), ds.nbytes)
         return Path(path)
 
     @classmethod

@@ -11,6 +11,7 @@ the target. An interrupted write leaves the target as it was.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shutil
 from collections.abc import Callable
@@ -22,6 +23,9 @@ from aligntools.tracker.store import (TOKEN, TOKEN_COORDS, CaptureWriteError, St
                                       plain_attrs)
 
 _CHUNK_BYTES = 8 << 20  # zarr chunks hold at most about 8 MiB of one variable
+# netCDF files up to this size are built in memory and written with plain Python I/O: libhdf5
+# segfaults (at the latest when its objects are freed) after a failed write such as ENOSPC.
+IN_MEMORY_NC_BYTES = 512 << 20
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
@@ -48,12 +52,13 @@ def chunk_rows(spec: VarSpec, trailing: tuple[int, ...], n_rows: int) -> int:
     return int(max(1, min(n_rows, 1 << 16, _CHUNK_BYTES // max(row_bytes, 1))))
 
 
-def publish(path: Path, write: Callable[[Path, str], None]) -> None:
+def publish(path: Path, write: Callable[[Path, str], None], n_bytes: int) -> None:
     """Run ``write(tmp, fmt)`` on a temporary sibling of ``path``, then rename it into place.
 
-    ``fmt`` is ``"zarr"`` for ``*.zarr`` paths and existing zarr stores, else ``"nc"``. On any
-    error the temporary is removed and ``path`` is untouched; OSErrors (a full disk: ENOSPC)
-    become a ``CaptureWriteError`` naming the path.
+    ``fmt`` is ``"zarr"`` for ``*.zarr`` paths and existing zarr stores, else ``"nc"``. A disk
+    without room for ``n_bytes`` (the data's size) is refused before anything is written. On
+    any error the temporary is removed and ``path`` is untouched; OSErrors (a full disk:
+    ENOSPC) become a ``CaptureWriteError`` naming the path.
     """
     check_target(path)
     fmt = "zarr" if path.suffix == ".zarr" or is_zarr_dir(path) else "nc"
@@ -61,6 +66,10 @@ def publish(path: Path, write: Callable[[Path, str], None]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove(tmp)
+        free = shutil.disk_usage(path.parent).free
+        if free < n_bytes + (1 << 20):
+            raise OSError(errno.ENOSPC, f"No space left on device: needs about {n_bytes / 2**20:.1f} MiB, "
+                                        f"{free / 2**20:.1f} MiB free")
         write(tmp, fmt)
         if path.is_dir():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
@@ -86,9 +95,11 @@ def _remove(p: Path) -> None:
         p.unlink()
 
 
-def file_writer(path: Path, fmt: str, attrs: dict, n_rows: int) -> "ZarrWriter | NetCDFWriter":
+def file_writer(path: Path, fmt: str, attrs: dict, n_rows: int, n_bytes: int) -> "ZarrWriter | NetCDFWriter":
     """A writer for a capture of exactly ``n_rows`` token rows (same interface as ``Store``)."""
-    return (ZarrWriter if fmt == "zarr" else NetCDFWriter)(path, attrs, n_rows)
+    if fmt == "zarr":
+        return ZarrWriter(path, attrs, n_rows)
+    return NetCDFWriter(path, attrs, n_rows, in_memory=n_bytes <= IN_MEMORY_NC_BYTES)
 
 
 class ZarrWriter:
@@ -132,13 +143,15 @@ class NetCDFWriter:
     """netCDF4 (HDF5) through h5netcdf; contiguous variables of the final size, so the file
     is as large as the data."""
 
-    def __init__(self, path: Path, attrs: dict, n_rows: int) -> None:
+    def __init__(self, path: Path, attrs: dict, n_rows: int, in_memory: bool) -> None:
         try:
             import h5netcdf
         except ImportError as e:
             raise CaptureWriteError(
                 f"cannot write netCDF capture {path}: {e}. Install h5py, or save to a '.zarr' path") from e
-        self._file = h5netcdf.File(str(path), "w")
+        self.path = path
+        self._buffer = io.BytesIO() if in_memory else None
+        self._file = h5netcdf.File(self._buffer if in_memory else str(path), "w")
         self._file.dimensions[TOKEN] = n_rows
         self._file.attrs.update(plain_attrs(attrs))
         self._n = 0
@@ -175,6 +188,9 @@ class NetCDFWriter:
     def close(self, attrs: dict) -> None:
         self._file.attrs.update(plain_attrs(attrs))
         self._file.close()
+        if self._buffer is not None:
+            with open(self.path, "wb") as fh:
+                fh.write(self._buffer.getbuffer())
 
     def abort(self) -> None:
         """Release the HDF5 handle after a failed write (its file is about to be removed)."""
@@ -184,9 +200,10 @@ class NetCDFWriter:
             pass
 
 
-def write_capture(path: Path, fmt: str, attrs: dict, n_rows: int, fill: Callable[[Store], None]) -> None:
+def write_capture(path: Path, fmt: str, attrs: dict, n_rows: int, n_bytes: int,
+                  fill: Callable[[Store], None]) -> None:
     """Create the file, let ``fill(writer)`` add the variables, write the final ``attrs``."""
-    writer = file_writer(path, fmt, attrs, n_rows)
+    writer = file_writer(path, fmt, attrs, n_rows, n_bytes)
     try:
         fill(writer)
         writer.close(attrs)

@@ -85,8 +85,9 @@ class JournalStore:
         if not int(self._attrs.get("complete", 0)):
             return
         try:
+            n_bytes = sum(f.stat().st_size for f in self.dir.glob("*.npz"))
             publish(self.path, lambda tmp, fmt: write_capture(
-                tmp, fmt, self._attrs, self._n, lambda w: replay_into(self.dir, w, close=False)))
+                tmp, fmt, self._attrs, self._n, n_bytes, lambda w: replay_into(self.dir, w, close=False)), n_bytes)
         except CaptureWriteError as e:
             raise CaptureWriteError(e.errno, f"{e.strerror}; every row is kept in the journal {self.dir} "
                                              f"(Capture.load reads it)") from e

@@ -24,7 +24,7 @@ def quick_config(moe_path, tmp_path):
     from minirl.train_config import TrainConfig
 
     def make(**changes):
-        base = dict(model=str(moe_path), sft_steps=40, task="arithmetic", task_kwargs={"digits": 1}, n_train=8,
+        base = dict(model=str(moe_path), sft_steps=100, task="arithmetic", task_kwargs={"digits": 1}, n_train=8,
                     n_eval=4, prompts_per_step=2, group_size=4, max_new_tokens=4, steps=2, eval_every=0,
                     checkpoint_every=0, out_dir=str(tmp_path / "run"), progress=False)
         return TrainConfig(**{**base, **changes})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,15 +17,16 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 @pytest.fixture(scope="module")
 def vllm_llm(zoo):
-    """``vllm_llm(name, dtype="float32", **options) -> LLM``, created once per module."""
+    """``vllm_llm(zoo name or checkpoint path, dtype="float32", **options) -> LLM``, created once
+    per module and kept alive until its end."""
     from aligntools.adapters.vllm_engine import create_llm
 
     made: dict[tuple, object] = {}
 
-    def get(name: str, dtype: str = "float32", **options):
-        key = (name, dtype, tuple(sorted(options.items())))
-        if key not in made:
-            made[key] = create_llm(zoo(name), dtype, **options)
+    def get(name: str | Path, dtype: str = "float32", **options):
+        key = (str(name), dtype, tuple(sorted(options.items())))
+        if key not in made:  # deleting an LLM mid-module would tear down vLLM's process-wide groups
+            made[key] = create_llm(zoo(name) if isinstance(name, str) else name, dtype, **options)
         return made[key]
 
     yield get

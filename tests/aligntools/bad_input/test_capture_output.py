@@ -142,3 +142,43 @@ def test_capture_marks_which_logit_rows_were_emitted(tmp_path):
     assert "emitted.logits" not in cap.sites  # a coordinate, not a site
     for name in ("m.nc", "m.zarr"):
         xr.testing.assert_identical(Capture.load(cap.save(tmp_path / name)).dataset, cap.dataset)
+
+
+EFBIG_CHILD = """
+import resource, signal, sys, torch, transformers, aligntools
+m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, like a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, resource.RLIM_INFINITY))
+try:
+    with aligntools.Tracker(m, sites="L*.resid_post,logits", out=sys.argv[2], flush_bytes=1), torch.no_grad():
+        m.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=30, do_sample=False, pad_token_id=0)
+except OSError as e:
+    print(e)
+    sys.exit(2)
+"""
+
+
+def test_a_real_failed_netcdf_write_is_an_error_not_a_segfault(llama, tmp_path):
+    """libhdf5 segfaulted (exit 139) after a failed write; the file is now built in memory."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "big.nc"
+    proc = subprocess.run([sys.executable, "-c", EFBIG_CHILD, str(llama), str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert "File too large" in proc.stdout and str(partial_path(out)) in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == [partial_path(out).name]  # temporary removed
+    assert Capture.load(out).dataset.sizes["token"] == 32  # every row is in the journal, complete
+
+
+def test_a_disk_without_room_is_refused_before_writing(llama_model, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    cap = aligntools.capture(llama_model, torch.tensor([[5, 6, 7]]), sites="logits")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 1000))
+    with pytest.raises(CaptureWriteError, match="No space left on device: needs about"):
+        cap.save(tmp_path / "c.zarr")
+    assert list(tmp_path.iterdir()) == []

@@ -25,7 +25,7 @@ def _copy(src, dest):
     (["--ids", '[["a", "b"]]'], 'token ids must be integers; request 0 position 0 is "a"'),
     (["--ids", "[[5, 6, 99999]]"], "token id 99999 (request 0, position 2) is outside the model's vocabulary"),
     (["--ids", "[[5, -1]]"], "token id -1"),
-    (["--ids", "[[5, 6], [7]]"], "same length"),
+    (["--ids", "[[5, 6], [7]]"], "equal-length"),
     (["--ids", "{}"], "expected a JSON list of token-id lists"),
     (["--ids", "[[5, 6"], "not JSON"),
     (["--engine", "minirl,tp=abc", "--text", "hi"], "knob tp expects"),

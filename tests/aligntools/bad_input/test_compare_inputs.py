@@ -103,8 +103,13 @@ def test_bad_tolerance_stops_the_gate_before_it_runs(zoo, tmp_path, mlab, monkey
     monkeypatch.setattr(gate, "load_hf", lambda *a, **k: pytest.fail("the gate ran"))
     code, _, err = mlab("check", "--model", zoo("tiny-llama"), "--tolerance", path)
     assert code == 2 and "k must be a number" in err
-    code, _, err = mlab("diff", "x.nc", "y.nc", "--tolerance", path)
-    assert code == 2
+
+
+def test_bad_tolerance_in_diff_is_exit_2(caps, tmp_path, mlab):
+    path = tmp_path / "tol.json"
+    path.write_text('{"default": {"atol": -1}}')
+    code, _, err = mlab("diff", caps["a"], caps["b"], "--tolerance", path)
+    assert code == 2 and "atol must be finite and >= 0" in err and str(path) in err
 
 
 def test_identical_captures_pass(caps, mlab):

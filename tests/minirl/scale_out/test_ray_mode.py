@@ -20,7 +20,14 @@ from .conftest import same_metrics  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    for attempt in range(3):  # Ray gives its raylet a fixed 30 s to register: too short on a loaded host
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception:  # noqa: BLE001 - "The current node timed out during startup"
+            ray.shutdown()
+            if attempt == 2:
+                raise
     yield
     ray.shutdown()
 

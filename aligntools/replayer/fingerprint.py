@@ -1,0 +1,157 @@
+"""Engine fingerprint: the minirl knob setting whose numerics are closest to a real engine's.
+
+Why: a gate says *that* vLLM disagrees with the trainer; the fingerprint says *which* of the
+choices an inference engine makes (fused add+norm, cached RoPE table, lm_head / router
+precision, expert summation order, ...) reproduce that disagreement, and how much of it
+no knob explains. minirl re-runs the captured token ids under each setting; a coordinate
+search over the knobs keeps a change when it brings minirl closer to the engine, site by site.
+
+Closeness (the search objective, ``score``): the mean over sites of log10(rel-L2 error vs the
+engine), so an early site counts as much as the logits. ``distance``: the mean |Δ logprob|
+between the best setting and the engine, the unit the gate and the RL corrections care about.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+SEARCH: dict[str, tuple] = {
+    "rmsnorm": ("fused_add", "hf", "fp32_residual", "bf16_compute"),
+    "activation": ("fused_silu_mul", "hf"),
+    "rope": ("cached_table", "hf", "fp32_compute"),
+    "rope_cache_dtype": ("act", "float32"),
+    "attention": ("sdpa", "eager"),
+    "lm_head_dtype": ("act", "float32"),
+    "router_dtype": ("act", "float32"),
+    "expert_sum_order": ("topk_slot", "expert_id"),
+    "batch_invariant": (False, True),
+}
+"""Knobs a prefill capture can tell apart (decode / KV-cache / TP knobs need other captures)."""
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """``knobs``: the closest minirl setting; ``distance``: its mean |Δ logprob| vs the engine;
+    ``table``: per site rel-L2 vs the engine of minirl ``hf_exact`` (= transformers in the
+    engine's dtype), ``typical`` and the ``best`` setting; ``explained``: per knob where the best
+    setting differs from ``hf_exact`` and matters, the distance and score when that knob alone
+    goes back; ``gap_start``: the first site (execution order) where the best setting is more than
+    a tenth of the dtype's epsilon away from the engine (rel-L2), None when no site is."""
+
+    knobs: object
+    distance: float
+    score: float
+    table: pd.DataFrame
+    explained: pd.DataFrame
+    gap_start: str | None
+    evaluated: int = field(default=0)
+
+    def __repr__(self) -> str:
+        changed = ", ".join(f"{k}={v!r}" for k, v in self.explained["engine_value"].items()) or "none"
+        gap = (f"remaining gap starts at {self.gap_start} (rel-L2 {self.table['best'][self.gap_start]:.2g})"
+               if self.gap_start else "no remaining divergence")
+        return (f"Fingerprint(distance={self.distance:.3g} mean |Δ logprob|, knobs differing from hf_exact: "
+                f"{changed}; {gap}; {self.evaluated} settings tried)")
+
+
+def fingerprint(capture, model_path: str | os.PathLike, *, passes: int = 2, progress: bool = False) -> Fingerprint:
+    """Search minirl knobs for the setting closest to ``capture`` (a prefill capture of any
+    engine, e.g. ``aligntools.capture(vllm_llm, ids)``) of checkpoint ``model_path``."""
+    from tqdm.auto import tqdm
+
+    from aligntools.analyzer.comparison import as_dataset, compare
+    from aligntools.tracker.tracker import capture as run_capture
+    from minirl import Engine, Knobs
+    from minirl.engine.checkpoint import read_config, read_safetensors
+
+    ds = as_dataset(capture)
+    ids = _prefill_ids(ds)  # [B, S]
+    dtype = ds.attrs.get("dtype", "float32")
+    sites = [s for s in ds.data_vars if s in _float_sites(ds)]
+    config, weights = read_config(model_path), read_safetensors(model_path)
+    search = {k: v for k, v in SEARCH.items() if k not in ("router_dtype", "expert_sum_order") or _is_moe(config)}
+    cache: dict[tuple, tuple[float, float, object]] = {}
+    bar = tqdm(desc="fingerprint", unit="setting", disable=not progress)
+
+    def evaluate(knobs) -> tuple[float, float, object]:
+        key = tuple(sorted(knobs.to_dict().items()))
+        if key not in cache:
+            engine = Engine(config, weights, dtype=dtype, knobs=knobs)
+            cmp = compare(ds, run_capture(engine, ids, sites=",".join(sites), progress=False), sites=sites)
+            cache[key] = (_score(cmp), _dlogprob(cmp), cmp)
+            bar.update(1)
+        return cache[key]
+
+    best = Knobs.typical_inference()
+    for _ in range(passes):
+        improved = False
+        for name, values in search.items():
+            for value in values:
+                candidate = best.replace(**{name: value})
+                if evaluate(candidate)[0] < evaluate(best)[0] - 1e-9:
+                    best, improved = candidate, True
+        if not improved:
+            break
+    bar.close()
+    reference = Knobs.hf_exact()
+    explained = _explained(best, reference, search, evaluate)
+    table = pd.DataFrame({name: _rel_l2(evaluate(k)[2]) for name, k in
+                          (("hf_exact", reference), ("typical", Knobs.typical_inference()), ("best", best))})
+    eps = torch.finfo(getattr(torch, dtype)).eps
+    gaps = table.index[table["best"] > eps / 10]
+    return Fingerprint(best, evaluate(best)[1], evaluate(best)[0], table, explained,
+                       str(gaps[0]) if len(gaps) else None, len(cache))
+
+
+def _explained(best, reference, search: dict, evaluate) -> pd.DataFrame:
+    rows = []
+    for name in search:
+        if getattr(best, name) != getattr(reference, name):
+            score, distance, _ = evaluate(best.replace(**{name: getattr(reference, name)}))
+            if abs(score - evaluate(best)[0]) > 1e-9:  # a knob that changes nothing explains nothing
+                rows.append({"knob": name, "engine_value": getattr(best, name),
+                             "trainer_value": getattr(reference, name), "distance_if_reverted": distance,
+                             "score_if_reverted": score})
+    cols = ["knob", "engine_value", "trainer_value", "distance_if_reverted", "score_if_reverted"]
+    return pd.DataFrame(rows, columns=cols).set_index("knob")
+
+
+def _prefill_ids(ds) -> torch.Tensor:
+    """Token ids [B, S] of the capture's prefill rows (step 0), by request and position."""
+    step0 = ds["step"].values == 0
+    req, pos, tok = (ds[c].values[step0] for c in ("request", "position", "token_id"))
+    n_req, lens = int(req.max()) + 1, np.bincount(req)
+    if len(set(lens.tolist())) != 1:
+        raise ValueError(f"fingerprint needs a prefill capture of equal-length sequences "
+                         f"(aligntools.capture(engine, ids)); got lengths {sorted(set(lens.tolist()))}")
+    out = torch.empty(n_req, int(lens[0]), dtype=torch.long)
+    out[torch.from_numpy(req), torch.from_numpy(pos)] = torch.from_numpy(tok).long()
+    return out
+
+
+def _float_sites(ds) -> set[str]:
+    return {s for s in ds.data_vars if "token" in ds[s].dims and ds[s].dtype.kind == "f" and not s.startswith("emitted")}
+
+
+def _is_moe(config: dict) -> bool:
+    return any(isinstance(config.get(k), int) and config[k] > 0 for k in ("num_experts", "num_local_experts"))
+
+
+def _rel_l2(cmp) -> pd.Series:
+    return pd.Series({s: r.summary.get("rel_l2", math.nan) for s, r in cmp.results.items()}, dtype=float)
+
+
+def _score(cmp) -> float:
+    errs = _rel_l2(cmp).dropna()
+    return float(np.log10(errs + 1e-9).mean())
+
+
+def _dlogprob(cmp) -> float:
+    r = cmp.results.get("logprobs")
+    return float(r.summary.get("mean_abs", math.nan)) if r is not None else math.nan
