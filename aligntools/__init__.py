@@ -10,9 +10,11 @@ target of theirs is captured.
 from aligntools.analyzer import Comparison, Tolerance, compare
 from aligntools.gates import GateResult, assert_aligned, check_alignment
 from aligntools.replayer import Attribution, ReplayResult, attribute, replay
+from aligntools.replayer.fingerprint import Fingerprint, fingerprint
 from aligntools.tracker import Capture, CaptureBudgetExceeded, CaptureFileError, Tracker, capture
 from aligntools.viz import explore, plot_comparison
 
 __all__ = ["Attribution", "Capture", "CaptureBudgetExceeded", "CaptureFileError", "Comparison", "GateResult",
            "ReplayResult", "Tolerance", "Tracker", "assert_aligned", "attribute", "capture", "check_alignment",
            "compare", "explore", "plot_comparison", "replay"]
+__all__ += ["Fingerprint", "fingerprint"]

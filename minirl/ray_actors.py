@@ -25,7 +25,7 @@ import torch
 from ray.exceptions import RayActorError
 
 from minirl import Rollout, tasks
-from minirl.async_loop import COLUMNS, LoopConfig, admit_prompts, learn_on, queue_config
+from minirl.pipeline import COLUMNS, LoopConfig, admit_prompts, learn_on, queue_config
 from minirl.learner import Learner
 from minirl.ray_queue import RayTransferQueue
 from minirl.reward_worker import RewardWorker, Scores

@@ -144,11 +144,10 @@ class Trainer:
         update = self._update(step, batch, adv, logp_old, weights, mask, routing, logp_ref)
         times["time_update"] = time.perf_counter() - t
         t = time.perf_counter()
-        if not update.pop("nan_skipped"):
+        skipped = update.pop("nan_skipped")
+        if not skipped:  # weight sync: the rollout engine now serves the updated policy
             self.engine.load_weights(self.model)
-            update["nan_skipped"] = 0.0
-        else:
-            update["nan_skipped"] = 1.0
+        update["nan_skipped"] = float(skipped)
         times["time_sync"] = time.perf_counter() - t
 
         update_entropy = update.pop("_entropy")

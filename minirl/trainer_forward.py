@@ -7,6 +7,7 @@ kernel (Triton on CUDA), so peak memory does not scale with tokens x vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -40,15 +41,14 @@ def forward(model: torch.nn.Module, sequences: list[list[int]],
         ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     ids = ids.to(device)
 
-    ctx = router_replay.record(model) if record_routing else None
+    if routed_experts is not None and record_routing:
+        raise ValueError("record_routing with routed_experts would record the replayed experts; pass one of them")
     if routed_experts is not None:
         ctx = router_replay.replay(model, _replay_ids(model, routed_experts, lens, length))
-    if ctx is None:
-        hidden = model.base_model(input_ids=ids).last_hidden_state  # [B, L, H]
-        calls = None
     else:
-        with ctx as calls:
-            hidden = model.base_model(input_ids=ids).last_hidden_state
+        ctx = router_replay.record(model) if record_routing else contextlib.nullcontext()
+    with ctx as calls:  # calls: the recorded ids per MoE layer when recording
+        hidden = model.base_model(input_ids=ids).last_hidden_state  # [B, L, H]
 
     valid = torch.arange(length - 1, device=device)[None, :] < (torch.tensor(lens, device=device)[:, None] - 1)
     targets = ids[:, 1:][valid]  # [N]

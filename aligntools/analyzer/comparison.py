@@ -192,6 +192,8 @@ class Comparison(SiteVerdict):
 
 # Sites an engine may legitimately leave out for some tokens (the Tracker fills those rows
 # with NaN): logits of prompt rows under ``generate``, logprobs of a token with no successor.
+# Where a capture carries the Tracker's ``emitted.<site>`` mask, an all-NaN row it marks as
+# emitted is a blow-up and fails (``_nan_rows``); without a mask such rows read as not captured.
 SPARSE_SITES = ("logits", "logprobs", "entropy")
 
 

@@ -1,0 +1,147 @@
+"""MoE routing flips vs router margins, and R2/R3 router replay (CompassMax §2.4.4).
+
+A bf16 rollout engine and an fp32 (or bf16) trainer compute slightly different router scores;
+when a token's k-th and (k+1)-th expert scores are closer than that noise, the two engines pick
+different experts and the token's log-prob moves by far more than the arithmetic noise alone.
+Router replay removes that: R3 makes the trainer use the experts the rollout engine chose (its
+``routed_experts``); R2 makes the trainer's update passes reuse the trainer's *own* old-pass
+routing, which keeps training consistent with pi_old but leaves the train-inference gap as is.
+CompassMax §2.4.4 reports R3 cutting the train-inference log-prob gap by ~10x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+import transformers
+from matplotlib.figure import Figure
+
+import aligntools
+from aligntools.analyzer.metrics import topk_rows
+from aligntools.gates.inputs import prepare_tokens
+from labs import zoo
+from minirl import Engine, Knobs, SamplingParams
+from minirl.trainer_forward import forward, trainer_logprobs
+
+PAPER_REDUCTION = 10.0  # CompassMax §2.4.4: R3 makes the train-inference logprob gap ~10x smaller
+MODEL = "tiny-qwen3-moe"
+
+
+@dataclass
+class Pair:
+    """The two engines on one checkpoint, and their teacher-forced captures of the same text."""
+
+    engine: Engine
+    trainer: torch.nn.Module
+    train: aligntools.Capture
+    infer: aligntools.Capture
+
+    def compare(self) -> aligntools.Comparison:
+        return aligntools.compare(self.train, self.infer, labels=("trainer", "minirl:typical:bf16"))
+
+
+def load(trainer_dtype: str = "float32", tokens: int = 256, model: str = MODEL) -> Pair:
+    """The typical bf16 minirl rollout engine and the transformers trainer (``trainer_dtype``),
+    both captured on ``tokens`` tokens of built-in text."""
+    path = zoo.build(model)
+    engine = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.typical_inference())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, trainer_dtype)).eval()
+    ids = prepare_tokens(path, tokens)
+    return Pair(engine, hf, aligntools.capture(hf, ids, progress=False), aligntools.capture(engine, ids, progress=False))
+
+
+def flip_margins(pair: Pair, layers: list[int]) -> pd.DataFrame:
+    """One row per (MoE layer, token): the trainer's router margin (k-th minus (k+1)-th softmax
+    score) and whether the engine picked another top-k set. Shows *why* tokens flip."""
+    rows = []
+    for layer in layers:
+        ids_a, ids_b = pair.train[f"L{layer}.topk_ids"].values, pair.infer[f"L{layer}.topk_ids"].values
+        logits = pair.train[f"L{layer}.router_logits"].values.astype(np.float64)
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        top = -np.sort(-p / p.sum(1, keepdims=True), axis=1)
+        k = ids_a.shape[1]
+        rows.append(pd.DataFrame({"layer": layer, "margin": top[:, k - 1] - top[:, k],
+                                  "flipped": topk_rows(ids_a, ids_b)["set_flip"] > 0}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def flip_figure(routing: pd.DataFrame, margins: pd.DataFrame) -> Figure:
+    """Left: share of tokens that changed expert set per layer. Right: margin distribution of
+    all tokens vs flipped ones (flips live at the near-tie end)."""
+    fig = Figure(figsize=(11, 3.4), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.bar(routing.index.astype(str), 100 * routing["set_flip"], color="#8e44ad")
+    ax1.set(xlabel="MoE layer", ylabel="% tokens with another top-k set", title="routing flips per layer")
+    bins = np.logspace(-7, 0, 36)
+    m = margins["margin"].clip(lower=1e-7)
+    ax2.hist(m, bins=bins, color="#95a5a6", label=f"all tokens ({len(m)})")
+    ax2.hist(m[margins["flipped"]], bins=bins, color="#c0392b", label=f"flipped ({int(margins['flipped'].sum())})")
+    ax2.set(xscale="log", yscale="log", xlabel="router margin (k-th - (k+1)-th score, trainer)",
+            ylabel="token-layer pairs", title="flips happen at small margins")
+    ax2.legend(fontsize=8)
+    return fig
+
+
+@dataclass
+class ReplayResult:
+    """``per_token``: one row per generated token with |Δ logprob| (engine vs trainer) under
+    each replay mode, and ``affected`` (the engines routed some earlier position differently);
+    ``summary``: mean / max / mean over affected tokens per mode, and the reduction vs no replay."""
+
+    per_token: pd.DataFrame
+    summary: pd.DataFrame
+
+    @property
+    def reduction(self) -> float:
+        """Mean |Δ logprob| without replay / with R3 (CompassMax's ~10x is this ratio)."""
+        return float(self.summary.loc["R3", "reduction"])
+
+
+def replay_gap(engine: Engine, hf: torch.nn.Module, prompts: int = 8, n: int = 4, max_new_tokens: int = 32,
+               seed: int = 0) -> ReplayResult:
+    """Sample rollouts with the engine, then score them with the trainer three ways: its own
+    routing, R2 (its own old-pass routing replayed: identical by construction at equal weights)
+    and R3 (the engine's ``routed_experts``)."""
+    rng = np.random.default_rng(seed)
+    batch = [[1] + rng.integers(3, 500, size=8).tolist() for _ in range(prompts)]
+    rollouts = [r for r in engine.generate(batch, SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=seed))
+                if len(r.token_ids)]
+    seqs = [list(r.prompt_ids) + list(r.token_ids) for r in rollouts]
+    with torch.no_grad():
+        r2 = forward(hf, seqs, record_routing=True).routing  # what R2 records in the old-logprob pass
+    r3 = [torch.cat([r.prompt_routed_experts, r.routed_experts]) for r in rollouts]
+    modes = {"no replay": trainer_logprobs(hf, seqs), "R2": trainer_logprobs(hf, seqs, routed_experts=r2),
+             "R3": trainer_logprobs(hf, seqs, routed_experts=r3)}
+    frames = []
+    for i, r in enumerate(rollouts):
+        p, t = len(r.prompt_ids), len(r.token_ids)
+        infer = r.logprobs.double().numpy()
+        flip = (r2[i].sort(-1).values != r3[i].sort(-1).values).any(-1).any(-1)  # [len] any layer rerouted
+        affected = np.cumsum(flip.numpy())[p - 1: p - 1 + t] > 0  # a flip at or before the predicting position
+        frames.append(pd.DataFrame({"rollout": i, "position": np.arange(t), "affected": affected,
+                                    **{m: np.abs(lp[i][p - 1: p - 1 + t].double().numpy() - infer)
+                                       for m, lp in modes.items()}}))
+    per_token = pd.concat(frames, ignore_index=True)
+    hit = per_token[per_token["affected"]]
+    summary = pd.DataFrame({"mean": per_token[list(modes)].mean(), "max": per_token[list(modes)].max(),
+                            "mean_affected": hit[list(modes)].mean() if len(hit) else np.nan})
+    summary["reduction"] = summary.loc["no replay", "mean"] / summary["mean"]
+    summary.index.name = "mode"
+    return ReplayResult(per_token, summary)
+
+
+def replay_figure(res: ReplayResult) -> Figure:
+    """Distribution of per-token |Δ logprob| without replay, R2 and R3, next to the paper's 10x."""
+    fig = Figure(figsize=(8, 3.4), layout="constrained")
+    ax = fig.subplots()
+    bins = np.logspace(-9, 1, 41)
+    for mode, color in (("no replay", "#c0392b"), ("R2", "#f39c12"), ("R3", "#2c7fb8")):
+        v = res.per_token[mode].clip(lower=1e-9)
+        ax.hist(v, bins=bins, histtype="step", lw=2, color=color, label=f"{mode}: mean {v.mean():.2g}")
+    ax.set(xscale="log", xlabel="|Δ logprob| per generated token (engine vs trainer)", ylabel="tokens",
+           title=f"R3 shrinks the mean gap {res.reduction:.1f}x (CompassMax §2.4.4: ~{PAPER_REDUCTION:.0f}x)")
+    ax.legend(fontsize=8)
+    return fig
