@@ -92,7 +92,7 @@ def compare(steps: int = 8, prompts_per_step: int = 8, group_size: int = 4, max_
     results, skipped = {}, {}
     modes = ["sync", "async"] + (["ray"] if with_ray else [])
     if not with_ray:
-        skipped["ray"] = "not requested"
+        skipped["ray"] = "with_ray=False"
     for mode in modes:
         cfg = dataclasses.replace(b.config(steps, str(root / mode)), prompts_per_step=prompts_per_step,
                                   group_size=group_size, max_new_tokens=max_new_tokens)

@@ -27,8 +27,11 @@ from tqdm.auto import tqdm
 
 import minirl
 from labs import zoo
+from minirl import SamplingParams, corrections, tasks
 from minirl.rollout_engine import make_engine
-from minirl.trainer import resolve_model
+from minirl.sft import encode, warm_start
+from minirl.trainer import pack, resolve_model
+from minirl.trainer_forward import forward
 
 PAPER_MASKED_PERMILLE = (1.0, 2.0)  # Ring-1T §2.3.4 / Fig. 10: IcePop masks ~1-2 per mille of tokens
 ARMS = {"GRPO": "none", "TIS": "tis", "IcePop": "icepop"}  # arm label -> TrainConfig.correction
@@ -115,4 +118,48 @@ def figure(ds: xr.Dataset) -> Figure:
     ax.axhspan(lo / 1000, hi / 1000, color="#2c7fb8", alpha=0.15, label="Ring-1T IcePop: 1-2‰")
     ax.legend(fontsize=8)
     fig.suptitle(f"{ds.attrs['engine']} {ds.attrs['engine_dtype']} rollouts vs fp32 trainer, {ds.attrs['model']}")
+    return fig
+
+
+def masked_share_sweep(noises: tuple[float, ...] = (0.0, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5), prompts: int = 64, n: int = 32,
+                       max_new_tokens: int = 8, engine: str = "minirl:typical", engine_dtype: str = "bfloat16",
+                       sft_steps: int = 100, model: str = "tiny-qwen3-moe", seed: int = 0) -> pd.DataFrame:
+    """No training: for each ``weight_noise``, sample rollouts with the noisy engine, score them
+    with the fp32 trainer and apply IcePop and TIS. Many more tokens than a few training steps,
+    so a per-mille share is resolved; shows which mismatch size gives the paper's 1-2 per mille."""
+    path = warm_start(zoo.build(model, seed=0), "arithmetic", {"digits": 1}, steps=sft_steps, seed=seed, progress=False)
+    hf = _hf(path).eval()
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    problems, _ = tasks.splits(tasks.get("arithmetic", digits=1), prompts, 1, seed)
+    batch = [encode(tok, p.prompt)[0] for p in problems]  # the training runs' prompts
+    rows = []
+    for noise in noises:
+        rollout = NoisyEngine(make_engine(engine, path, engine_dtype), noise, seed)
+        rollout.load_weights(hf)
+        b = pack(rollout.generate(batch, SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=seed)))
+        with torch.no_grad():
+            logp = forward(hf, b.sequences).logp * b.mask
+        _, _, ice = corrections.icepop(logp, b.logp_infer, b.mask)
+        _, _, tis = corrections.tis(logp, b.logp_infer, b.mask)
+        rows.append({"weight_noise": noise, "tokens": int(b.mask.sum()), "mismatch_kl_k3": ice["mismatch_kl_k3"],
+                     "abs_dlogp_mean": ice["abs_dlogp_mean"], "icepop_masked_permille": 1000 * ice["frac_masked"],
+                     "tis_capped_permille": 1000 * tis["frac_clipped_high"]})
+    return pd.DataFrame(rows).set_index("weight_noise")
+
+
+def sweep_figure(sweep: pd.DataFrame) -> Figure:
+    """IcePop's masked share (and TIS's capped share) against the mismatch KL, paper band shaded."""
+    fig = Figure(figsize=(7, 3.4), layout="constrained")
+    ax = fig.subplots()
+    kl = sweep["mismatch_kl_k3"].clip(lower=1e-7)
+    ax.plot(kl, sweep["icepop_masked_permille"], marker="o", color=COLORS["IcePop"], label="IcePop: masked (rho outside [0.5, 5])")
+    ax.plot(kl, sweep["tis_capped_permille"], marker="s", color=COLORS["TIS"], label="TIS: capped (rho > 2)")
+    for noise, x, y in zip(sweep.index, kl, sweep["icepop_masked_permille"]):
+        ax.annotate(f"{noise:g}", (x, y), textcoords="offset points", xytext=(3, 4), fontsize=7)
+    ax.axhspan(*PAPER_MASKED_PERMILLE, color=COLORS["IcePop"], alpha=0.15, label="Ring-1T: 1-2‰")
+    ax.set(xscale="log", xlabel="mismatch KL (k3), labels: weight_noise", ylabel="‰ of tokens",
+           title="masked share grows with the mismatch")
+    ax.legend(fontsize=8)
     return fig

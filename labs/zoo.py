@@ -10,6 +10,7 @@ Same name + seed gives byte-identical weights; builds are cached and written ato
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -154,13 +155,23 @@ def _fingerprint(name: str, spec: ZooSpec, seed: int) -> str:
 
 
 def _is_complete(path: Path, fingerprint: str) -> bool:
-    meta = path / "zoo.json"
-    if not meta.exists() or not (path / "model.safetensors").exists():
+    """A finished build of this recipe whose weights are the bytes it wrote (size, then sha256)."""
+    meta, weights = path / "zoo.json", path / "model.safetensors"
+    if not meta.exists() or not weights.exists():
         return False
     try:
-        return json.loads(meta.read_text()).get("fingerprint") == fingerprint
+        info = json.loads(meta.read_text())
+        stat = weights.stat()
     except (OSError, json.JSONDecodeError):
         return False
+    return (info.get("fingerprint") == fingerprint and info.get("weights_bytes") == stat.st_size
+            and _cached_hash(str(path), stat.st_size, stat.st_mtime_ns) == info.get("weights_sha256"))
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_hash(path: str, size: int, mtime_ns: int) -> str:
+    """``weights_hash`` once per file version per process (tests call ``build`` many times)."""
+    return weights_hash(path)
 
 
 def _replace_dir(tmp: Path, target: Path) -> None:
@@ -185,9 +196,8 @@ def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str
         from labs.zoo_gguf import convert
 
         n_params = convert(spec.gguf, tmp, label=f"converting {name}")
-        meta = {"name": name, "seed": seed, "fingerprint": fingerprint, "description": spec.description,
-                "source": spec.gguf, "n_params": n_params}
-        (tmp / "zoo.json").write_text(json.dumps(meta, indent=2))
+        _write_meta(tmp, {"name": name, "seed": seed, "fingerprint": fingerprint, "description": spec.description,
+                          "source": spec.gguf, "n_params": n_params})
         return
 
     texts = training_texts(seed=0)  # the tokenizer and data are shared by all zoo models
@@ -200,10 +210,17 @@ def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str
     loss = _train_briefly(model, tokenizer, texts, spec, seed, label=f"building {name}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    meta = {"name": name, "seed": seed, "fingerprint": fingerprint, "description": spec.description,
-            "train_steps": spec.train_steps, "final_train_loss": loss,
-            "n_params": sum(p.numel() for p in model.parameters())}
-    (tmp / "zoo.json").write_text(json.dumps(meta, indent=2))
+    _write_meta(tmp, {"name": name, "seed": seed, "fingerprint": fingerprint, "description": spec.description,
+                      "train_steps": spec.train_steps, "final_train_loss": loss,
+                      "n_params": sum(p.numel() for p in model.parameters())})
+
+
+def _write_meta(tmp: Path, meta: dict) -> None:
+    """zoo.json, stamped with the weights' size and sha256 so a truncated or altered
+    model.safetensors in the cache is rebuilt instead of returned."""
+    weights = tmp / "model.safetensors"
+    stamp = {"weights_bytes": weights.stat().st_size, "weights_sha256": weights_hash(tmp)}
+    (tmp / "zoo.json").write_text(json.dumps({**meta, **stamp}, indent=2))
 
 
 def _train_briefly(model: torch.nn.Module, tokenizer, texts: list[str], spec: ZooSpec, seed: int,

@@ -95,7 +95,6 @@ def create_llm(path: str | os.PathLike, dtype: str = "float32", **options: objec
         raise VllmUnavailable(reason)
     if dtype not in DTYPES:
         raise ValueError(f"vllm dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-    parse_options("create_llm", {})  # options arrive typed; names are checked here
     unknown = set(options) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown vllm option(s) {sorted(unknown)}; valid options: {', '.join(OPTIONS)}")

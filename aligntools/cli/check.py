@@ -1,6 +1,6 @@
 """``mlab check``: the alignment gate from the command line (CI-friendly exit codes).
 
-    mlab check --model PATH --train hf[:DTYPE] --infer minirl[:PRESET][,knob=value...]
+    mlab check --model PATH --train hf[:DTYPE][,attn=...] --infer minirl[:PRESET][,knob=value...] | vllm[:DTYPE]
                [--dtype float32|bfloat16] [--tokens N] [--tolerance FILE] [--report out.html]
 
 Exit codes: 0 aligned, 1 misaligned, 2 usage error (bad path, unknown knob, unreadable
@@ -17,13 +17,15 @@ import sys
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "check", help="alignment gate: is the inference engine aligned with the training engine?",
-        description="Run the training engine (transformers) and the minirl inference engine on the same "
+        description="Run the training engine (transformers) and an inference engine (minirl or real vLLM) on the same "
                     "tokens, compare them site by site, routing and final logprobs against limits derived "
                     "from the training engine's own error vs float64. Exit 0 aligned, 1 misaligned, 2 usage error.")
     p.add_argument("--model", required=True, help="HF checkpoint directory (config.json + *.safetensors)")
-    p.add_argument("--train", default="hf", help="training engine: hf (float32) or hf:bfloat16 (default: hf)")
+    p.add_argument("--train", default="hf", help="training engine: hf[:DTYPE][,attn=eager|sdpa][,experts=...] "
+                                                 "(default: hf = float32 with transformers' own kernels)")
     p.add_argument("--infer", default="minirl",
-                   help="inference engine: minirl[:PRESET][,knob=value...], presets typical (default), aligned, hf_exact")
+                   help="inference engine: minirl[:PRESET][,knob=value...] (presets typical (default), aligned, "
+                        "hf_exact) or vllm[:DTYPE][,option=value...] (real vLLM, in process)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                    help="inference dtype (default: bfloat16 for typical, float32 for aligned and hf_exact)")
     p.add_argument("--tokens", type=int, default=256, help="tokens of built-in text to run (default: 256)")

@@ -203,7 +203,6 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
 
     from aligntools.analyzer.comparison import compare
     from aligntools.tracker.tracker import capture
-    from minirl import Engine
 
     path = validate_checkpoint(model_path)
     train_spec = parse_train(train)
@@ -220,7 +219,7 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
 
     train_model = load_hf(path, train_spec.dtype, **train_spec.options)
     inf = inf.following(train_model.config._attn_implementation)  # hf_exact takes the trainer's attention
-    engine = Engine.from_pretrained(path, dtype=inf.dtype, knobs=inf.knobs)
+    engine = inf.build(path)
     train_cap = step("train capture", lambda: capture(train_model, ids, progress=False))
     ref_cap = step("float64 capture", lambda: capture(load_hf(path, "float64"), ids, progress=False))
     infer_cap = step("infer capture", lambda: capture(engine, ids, progress=False))
@@ -231,7 +230,7 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
                                           labels=labels))
     bar.close()
     setup = {"model": str(path), "n_tokens": int(ids.numel()), "batch": int(ids.shape[0]), "train": labels[0],
-             "infer": labels[1], "knob_overrides": inf.overrides, "knobs": inf.knobs.to_dict(),
+             "infer": labels[1], "knob_overrides": inf.overrides, "knobs": inf.settings(engine),
              "train_kernels": {"attn": train_model.config._attn_implementation,
                                "experts": getattr(train_model.config, "_experts_implementation", None)}}
     return _verdict(cmp, floor, floors, setup, coarser(train_spec.dtype, inf.dtype))

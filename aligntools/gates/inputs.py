@@ -131,25 +131,46 @@ def _check_positions(path: Path, seq: int, n_seqs: int) -> None:
 
 @dataclass(frozen=True)
 class InferSpec:
-    """The inference side: knobs (preset + overrides), the preset's name, dtype, overrides."""
+    """The inference side: ``engine`` (``minirl`` or ``vllm``), its preset (minirl Knobs preset;
+    "" for vllm), dtype, the options given in the spec, and the minirl knobs they make."""
 
-    knobs: Knobs
+    engine: str
     preset: str
     dtype: str
     overrides: dict
+    knobs: Knobs | None = None
 
     @property
     def label(self) -> str:
-        """``minirl:typical,rmsnorm=hf:bfloat16``: preset, every override, dtype."""
-        return f"minirl:{self.preset}" + "".join(f",{k}={v}" for k, v in self.overrides.items()) + f":{self.dtype}"
+        """``minirl:typical,rmsnorm=hf:bfloat16`` / ``vllm,max_model_len=512:bfloat16``: every option shows."""
+        head = f"{self.engine}:{self.preset}" if self.preset else self.engine
+        return head + "".join(f",{k}={v}" for k, v in self.overrides.items()) + f":{self.dtype}"
 
     def following(self, train_attention: str | None) -> "InferSpec":
         """The aligned presets (``aligned``, ``hf_exact``) mean the trainer's own attention kernel
         (``hf_exact`` is bit-exact only then): without an explicit ``attention=`` override they
-        take the one the training model runs."""
-        if self.preset == "typical" or "attention" in self.overrides:
+        take the one the training model runs. vLLM runs its own kernels: unchanged."""
+        if self.knobs is None or self.preset == "typical" or "attention" in self.overrides:
             return self
         return dataclasses.replace(self, knobs=self.knobs.replace(**follow_attention(train_attention)))
+
+    def build(self, path: Path) -> object:
+        """The engine itself: a minirl ``Engine`` or an in-process vLLM ``LLM``."""
+        if self.engine == "vllm":
+            from aligntools.adapters.vllm_engine import create_llm
+
+            return create_llm(path, self.dtype, **self.overrides)
+        from minirl import Engine
+
+        return Engine.from_pretrained(path, dtype=self.dtype, knobs=self.knobs)
+
+    def settings(self, engine: object) -> dict:
+        """What the report records about the engine: minirl's knobs, or vLLM's version and settings."""
+        if self.engine == "vllm":
+            from aligntools.adapters.vllm_engine import engine_settings
+
+            return engine_settings(engine)
+        return self.knobs.to_dict()
 
 
 def follow_attention(train_attention: str | None) -> dict[str, str]:
@@ -158,15 +179,24 @@ def follow_attention(train_attention: str | None) -> dict[str, str]:
 
 
 def parse_infer(spec: str, dtype: str | None) -> InferSpec:
-    """``minirl[:PRESET][,knob=value...]``. The preset sets the default dtype: bfloat16 for
-    ``typical`` (what inference servers run), float32 for the aligned presets."""
+    """``minirl[:PRESET][,knob=value...]`` or ``vllm[:DTYPE][,option=value...]``. A minirl preset
+    sets the default dtype: bfloat16 for ``typical`` (what inference servers run), float32 for the
+    aligned presets; vLLM defaults to bfloat16, like a server."""
     from aligntools.gates.engine_spec import minirl_default_dtype, minirl_knobs
 
     name, preset, overrides = _parse(spec)
+    if name == "vllm":
+        from aligntools.adapters.vllm_engine import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise GateUsageError(f"--infer {spec}: {reason}")
+        return InferSpec("vllm", "", preset or dtype or "bfloat16", overrides)
     if name != "minirl":
-        raise GateUsageError(f"--infer must be minirl[:PRESET][,knob=value...]; got {spec!r}")
+        raise GateUsageError(f"--infer must be minirl[:PRESET][,knob=value...] or vllm[:DTYPE][,option=value...]; "
+                             f"got {spec!r}")
     preset = preset or "typical"
-    return InferSpec(minirl_knobs(preset, overrides), preset, dtype or minirl_default_dtype(preset), overrides)
+    return InferSpec("minirl", preset, dtype or minirl_default_dtype(preset), overrides, minirl_knobs(preset, overrides))
 
 
 def _parse(spec: str) -> tuple[str, str | None, dict]:

@@ -67,8 +67,7 @@ def fingerprint(capture, model_path: str | os.PathLike, *, passes: int = 2, prog
 
     from aligntools.analyzer.comparison import as_dataset, compare
     from aligntools.tracker.tracker import capture as run_capture
-    from minirl import Engine, Knobs
-    from minirl.engine.checkpoint import read_config, read_safetensors
+    from minirl import Engine, Knobs, read_config, read_safetensors
 
     ds = as_dataset(capture)
     ids = _prefill_ids(ds)  # [B, S]

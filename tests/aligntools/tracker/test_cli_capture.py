@@ -31,12 +31,13 @@ def test_parse_engine_spec(spec, expected):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("vllm", "unknown engine 'vllm'"),
+    ("sglang", "unknown engine .sglang."),
+    ("vllm,gpu_layers=2", "unknown vllm option .gpu_layers."),
     ("minirl:fast", "unknown minirl preset 'fast'"),
     ("minirl:aligned,rmsnrom=hf", "unknown knob 'rmsnrom'; valid knobs: rmsnorm"),
     ("minirl:tp=two", "knob tp expects"),
     ("minirl:batch_invariant=maybe", "is a bool"),
-    ("hf:rmsnorm=hf", "takes no knobs"),
+    ("hf:rmsnorm=hf", "unknown hf option .rmsnorm.; valid options: attn=eager|sdpa"),
 ])
 def test_parse_engine_spec_errors(spec, message):
     with pytest.raises(ValueError, match=message):
