@@ -203,7 +203,7 @@ def _router_replay(small: bool) -> Outcome:
 
 
 @reproduction("icepop", finding="IcePop masks a small share of tokens under a train-inference mismatch",
-              paper="Ring-1T §2.3.4 / Figs 10-12: ~1-2‰ of tokens masked")
+              paper="Ring-1T §2.3.4 / Fig. 12: 1-2‰ of training tokens clipped (masked)")
 def _icepop(small: bool) -> Outcome:
     from labs import icepop_lab
 
@@ -224,7 +224,7 @@ def _icepop(small: bool) -> Outcome:
 
 
 @reproduction("async", finding="1-step-off asynchronous RL is faster per step than synchronous",
-              paper="AsyncFlow §5: 1.59x average throughput gain (cluster)")
+              paper="AsyncFlow §6.2 / Fig. 10: 1.59x average throughput over verl (32-1024 NPUs)")
 def _async(small: bool) -> Outcome:
     from labs import async_lab
 

@@ -2,25 +2,22 @@
 
 ``minirl.trainer.Trainer.train_step`` generates, scores and updates in one call. The async and
 Ray loops (``minirl.async_loop``) generate elsewhere (another thread, another process) and on
-older weights (AsyncFlow §4.2.2), so they need the step *after* generation: advantages ->
-old logprobs -> corrections -> updates, on rollouts and rewards they bring. ``Learner.learn``
-is exactly that part of ``train_step`` (same pieces, same seeds, same metric names), so a
-lockstep loop over it reproduces the core's numbers for the same rollouts.
+older weights (AsyncFlow §4.2.2), so they need the step *after* generation: ``Trainer.learn``
+(advantages -> old logprobs -> corrections -> updates) on rollouts and rewards they bring, plus
+the policy-version bookkeeping that bounds staleness. A lockstep loop over it reproduces the
+core's numbers for the same rollouts.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from pathlib import Path
 
 import torch
 
-from minirl import Rollout, advantages, checkpointing, corrections, tasks
+from minirl import Rollout, checkpointing, tasks
 from minirl.sft import encode
 from minirl.train_config import TrainConfig
-from minirl.trainer import Trainer, correct, pack
-from minirl.trainer_forward import forward
+from minirl.trainer import Trainer
 
 
 class _NoEngine:
@@ -49,7 +46,7 @@ class Learner:
 
     def problems(self, step: int) -> list[tuple[tasks.Problem, list[int]]]:
         """Step ``step``'s prompts (the core's data order) with their token ids."""
-        return [(p, encode(self.trainer.tokenizer, p.prompt)[0]) for p in self.trainer._problems(step)]
+        return [(p, encode(self.trainer.tokenizer, p.prompt)[0]) for p in self.trainer.problems(step)]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A detached copy of the weights: what is published to the rollout workers."""
@@ -59,46 +56,15 @@ class Learner:
               ) -> dict[str, float]:
         """One update on prompt-major ``rollouts`` (``group_size`` per prompt) sampled under the
         per-token policy versions ``token_versions``; refuses tokens older than ``max_staleness``."""
-        tr, c = self.trainer, self.cfg
         stale = torch.cat([self.version - v for v in token_versions])
         if stale.numel() and int(stale.max()) > self.max_staleness:
             raise RuntimeError(f"step {step}: a token sampled under policy version {self.version - int(stale.max())} "
                                f"is {int(stale.max())} updates old, over max_staleness={self.max_staleness}; "
                                f"the loop must not schedule rollouts further ahead than max_staleness")
-        t = time.perf_counter()
-        adv = advantages.grpo_advantages(rewards, c.group_size, normalize_std=c.advantage == "grpo")
-        batch = pack(rollouts)
-        routing = batch.routed if c.router_replay == "r3" else None
-        old = None
-        if c.old_logprobs == "recompute":
-            with torch.no_grad():
-                old = forward(tr.model, batch.sequences, routing, record_routing=c.router_replay == "r2")
-            routing = old.routing if c.router_replay == "r2" else routing
-        # batch.logp_infer are the rollout engine's logprobs under the version that sampled each
-        # token, so the correction covers the engine mismatch *and* the staleness (§4.2.1).
-        logp_old = old.logp * batch.mask if old is not None else batch.logp_infer
-        weights, mask, metrics = correct(c, logp_old, batch.logp_infer, batch.mask)
-        logp_ref = None
-        if tr.ref is not None:
-            with torch.no_grad():
-                logp_ref = forward(tr.ref, batch.sequences).logp
-        times = {"time_old_logprobs": time.perf_counter() - t}
-        t = time.perf_counter()
-        update = tr._update(step, batch, adv, logp_old, weights, mask, routing, logp_ref)
-        times["time_update"] = time.perf_counter() - t
-        update["nan_skipped"] = float(update["nan_skipped"])
-        update_entropy = update.pop("_entropy")
-        entropy = old.entropy if old is not None else update_entropy
-        metrics.update(corrections.masked_token_stats(weights, mask, batch.logp_infer, entropy))
-        if c.old_logprobs == "bypass":
-            metrics.update({k: math.nan for k in corrections.mismatch_metrics(logp_old, logp_old, mask)})
+        metrics = self.trainer.learn(step, rollouts, rewards)
         self.version += 1
-        lengths = torch.tensor([len(r.token_ids) for r in rollouts], dtype=torch.float32)
-        return {"reward": float(rewards.mean()), "accuracy": float((rewards > 0).float().mean()),
-                "length": float(lengths.mean()), "entropy": metrics.pop("entropy_all"),
-                "staleness_max": float(stale.max()) if stale.numel() else 0.0,
-                "staleness_mean": float(stale.float().mean()) if stale.numel() else 0.0,
-                **metrics, **update, **times}
+        return {**metrics, "staleness_max": float(stale.max()) if stale.numel() else 0.0,
+                "staleness_mean": float(stale.float().mean()) if stale.numel() else 0.0}
 
     def save(self, path: Path, step: int, rows: list[dict]) -> None:
         """Checkpoint (core format) after ``step`` steps, with the loop's metric rows."""

@@ -114,18 +114,30 @@ class Trainer:
         return TrainResult(self.out, self.log.path, self.log.rows, self.model)
 
     def train_step(self, step: int) -> dict[str, float]:
+        """Rollout -> reward -> ``learn`` -> weight sync (skipped when the update was not finite)."""
         c, t = self.cfg, time.perf_counter()
-        problems = self._problems(step)
+        problems = self.problems(step)
         prompts = [encode(self.tokenizer, p.prompt)[0] for p in problems]
         params = SamplingParams(n=c.group_size, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
                                 seed=_seed(c.seed, step, 1))
         rollouts = self.engine.generate(prompts, params)
-        times = {"time_rollout": time.perf_counter() - t}
+        time_rollout = time.perf_counter() - t
         rewards, errors = self._rewards(problems, rollouts)
+        metrics = self.learn(step, rollouts, rewards)
+        t = time.perf_counter()
+        if not metrics["nan_skipped"]:  # weight sync: the rollout engine now serves the updated policy
+            self.engine.load_weights(self.model)
+        return {**metrics, "reward_errors": float(errors), "time_rollout": time_rollout,
+                "time_sync": time.perf_counter() - t}
+
+    def learn(self, step: int, rollouts: list, rewards: torch.Tensor) -> dict[str, float]:
+        """One update on prompt-major ``rollouts`` (``group_size`` per prompt) with their rewards:
+        advantages -> old logprobs (trainer forward, or bypass) -> corrections -> minibatch updates.
+        The rollouts' own logprobs are pi_infer of whatever policy version sampled each token, so
+        the correction covers the engine mismatch and, in async runs, the staleness."""
+        c, t = self.cfg, time.perf_counter()
         adv = advantages.grpo_advantages(rewards, c.group_size, normalize_std=c.advantage == "grpo")
         batch = pack(rollouts)
-
-        t = time.perf_counter()
         routing = batch.routed if c.router_replay == "r3" else None
         old = None
         if c.old_logprobs == "recompute":
@@ -138,18 +150,12 @@ class Trainer:
         if self.ref is not None:
             with torch.no_grad():
                 logp_ref = forward(self.ref, batch.sequences).logp
-        times["time_old_logprobs"] = time.perf_counter() - t
+        times = {"time_old_logprobs": time.perf_counter() - t}
 
         t = time.perf_counter()
         update = self._update(step, batch, adv, logp_old, weights, mask, routing, logp_ref)
         times["time_update"] = time.perf_counter() - t
-        t = time.perf_counter()
-        skipped = update.pop("nan_skipped")
-        if not skipped:  # weight sync: the rollout engine now serves the updated policy
-            self.engine.load_weights(self.model)
-        update["nan_skipped"] = float(skipped)
-        times["time_sync"] = time.perf_counter() - t
-
+        update["nan_skipped"] = float(update["nan_skipped"])
         update_entropy = update.pop("_entropy")
         entropy = old.entropy if old is not None else update_entropy
         metrics.update(corrections.masked_token_stats(weights, mask, batch.logp_infer, entropy))
@@ -158,7 +164,7 @@ class Trainer:
         lengths = torch.tensor([len(r.token_ids) for r in rollouts], dtype=torch.float32)
         return {"reward": float(rewards.mean()), "accuracy": float((rewards > 0).float().mean()),
                 "length": float(lengths.mean()), "entropy": metrics.pop("entropy_all"),
-                "reward_errors": float(errors), **metrics, **update, **times}
+                **metrics, **update, **times}
 
     def _update(self, step: int, batch: Batch, adv: torch.Tensor, logp_old: torch.Tensor, weights: torch.Tensor,
                 mask: torch.Tensor, routing: list[torch.Tensor] | None, logp_ref: torch.Tensor | None) -> dict:
@@ -200,7 +206,7 @@ class Trainer:
         return {**{k: v / count for k, v in sums.items()}, "nan_skipped": False, "_entropy": entropy}
 
     # ------------------------------------------------------------------ pieces
-    def _problems(self, step: int) -> list[tasks.Problem]:
+    def problems(self, step: int) -> list[tasks.Problem]:
         """Data position: epoch-wise seeded shuffles of the training set, read in order."""
         k, n = self.cfg.prompts_per_step, len(self.train_set)
         out = []

@@ -50,7 +50,7 @@ def test_noisy_engine_perturbs_only_matrices():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     eng = NoisyEngine(Sink(), noise=0.1)
     eng.load_weights(model)
-    w, b = model[0].weight, model[0].bias
+    w, b = model[0].weight.detach(), model[0].bias.detach()
     assert not torch.equal(eng.inner.sd["0.weight"], w) and torch.equal(eng.inner.sd["0.bias"], b)
     rel = float((eng.inner.sd["0.weight"] - w).std() / w.std())
     assert 0.03 < rel < 0.3
