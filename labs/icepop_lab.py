@@ -121,7 +121,7 @@ def figure(ds: xr.Dataset) -> Figure:
     return fig
 
 
-def masked_share_sweep(noises: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5), prompts: int = 64, n: int = 32,
+def masked_share_sweep(noises: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5), prompts: int = 64, n: int = 32,
                        max_new_tokens: int = 8, engine: str = "minirl:typical", engine_dtype: str = "bfloat16",
                        sft_steps: int = 100, model: str = "tiny-qwen3-moe", seed: int = 0) -> pd.DataFrame:
     """No training: for each ``weight_noise``, sample rollouts with the noisy engine, score them

@@ -23,8 +23,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from aligntools.sites import TOKEN_COORDS
+
 MODES = ("strict", "prefix", "sequence")
-TOKEN_COORDS = ("request", "position", "token_id", "step")
 
 
 @dataclass(frozen=True)

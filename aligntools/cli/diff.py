@@ -43,15 +43,3 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(cmp.summary())
     return 0 if cmp.passes else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m aligntools.cli_diff a b``), same as ``mlab diff``."""
-    parser = argparse.ArgumentParser(prog="mlab")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["diff", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

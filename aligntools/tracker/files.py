@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aligntools.tracker.store import (TOKEN, TOKEN_COORDS, CaptureWriteError, Store, VarSpec, is_coord,
+from aligntools.sites import TOKEN_COORDS
+from aligntools.tracker.store import (TOKEN, CaptureWriteError, Store, VarSpec, is_coord,
                                       plain_attrs)
 
 _CHUNK_BYTES = 8 << 20  # zarr chunks hold at most about 8 MiB of one variable

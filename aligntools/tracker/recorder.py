@@ -17,9 +17,9 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from aligntools.tracker.store import EMITTED, TOKEN, TOKEN_COORDS, MemoryStore, Store, VarSpec
+from aligntools.tracker.store import EMITTED, TOKEN, MemoryStore, Store, VarSpec
 from aligntools.tracker.derived import NextTokenLogprobs
-from aligntools.sites import sort_sites, trailing_dims
+from aligntools.sites import TOKEN_COORDS, sort_sites, trailing_dims
 from aligntools.tracker.stats import STAT_NAMES, row_stats
 from aligntools.tracker.token_meta import TokenMetaLike
 

@@ -17,8 +17,9 @@ from typing import Protocol
 import numpy as np
 import xarray as xr
 
+from aligntools.sites import TOKEN_COORDS
+
 TOKEN = "token"
-TOKEN_COORDS = ("token_id", "position", "request", "step")
 EMITTED = "emitted."  # prefix of the per-site int8 row masks: 1 where the engine emitted the row
 
 

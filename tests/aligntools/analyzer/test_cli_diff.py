@@ -7,7 +7,13 @@ import argparse
 import pytest
 
 from aligntools import Capture
-from aligntools.cli.diff import main, register
+from aligntools.cli.diff import register
+from labs.cli import main as mlab
+
+
+def main(argv: list[str]) -> int:
+    """``mlab diff ARGV``: the one entry point."""
+    return mlab(["diff", *argv])
 from tests.aligntools.analyzer.analyzer_synth import downstream, noise
 
 
