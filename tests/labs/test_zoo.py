@@ -86,13 +86,19 @@ def test_failed_rebuild_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp dirs left behind"
 
 
-def test_a_truncated_or_altered_cached_checkpoint_is_rebuilt(tmp_path):
-    path = zoo_mod.build("tiny-llama", out=tmp_path / "m")
-    good = zoo_mod.weights_hash(path)
+def test_a_truncated_or_altered_cached_checkpoint_is_not_reused(zoo, tmp_path):
+    """The cache check that decides between "reuse" and "rebuild" sees truncation and bit flips."""
+    import shutil
+
+    path = tmp_path / "m"
+    shutil.copytree(zoo("tiny-llama"), path)
+    fingerprint = json.loads((path / "zoo.json").read_text())["fingerprint"]
+    assert zoo_mod._is_complete(path, fingerprint)
     weights = path / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])  # truncated: size no longer matches zoo.json
-    assert zoo_mod.weights_hash(zoo_mod.build("tiny-llama", out=path)) == good
-    data = bytearray(weights.read_bytes())
-    data[-1] ^= 0xFF  # same size, one byte altered
-    weights.write_bytes(bytes(data))
-    assert zoo_mod.weights_hash(zoo_mod.build("tiny-llama", out=path)) == good
+    original = weights.read_bytes()
+    weights.write_bytes(original[:1000])  # truncated: the size no longer matches zoo.json
+    assert not zoo_mod._is_complete(path, fingerprint)
+    altered = bytearray(original)
+    altered[-1] ^= 0xFF  # same size, one byte changed: the sha256 catches it
+    weights.write_bytes(bytes(altered))
+    assert not zoo_mod._is_complete(path, fingerprint)
