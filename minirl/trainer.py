@@ -79,6 +79,10 @@ class Trainer:
             self.ref.eval().requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
         self.engine = engine if engine is not None else make_engine(c.engine, self.model_path, c.engine_dtype)
+        if c.router_replay == "r3" and not getattr(self.engine, "returns_routed_experts", True):
+            raise ValueError(f"router_replay='r3' replays the rollout engine's routed experts, and "
+                             f"{type(self.engine).__name__} returns none; use router_replay: r2 (record in the "
+                             f"trainer's old-logprob pass) or the minirl engine")
         self.out = Path(c.out_dir)
         self.log = RunLog(self.out / "metrics.nc")
         self.step, self.nan_streak = 0, 0
