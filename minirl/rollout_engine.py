@@ -14,9 +14,6 @@ import torch
 
 from minirl import Engine, Knobs, Rollout, SamplingParams
 
-PRESETS = {"typical": Knobs.typical_inference, "aligned": Knobs.aligned, "hf_exact": Knobs.hf_exact}
-
-
 @runtime_checkable
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]: ...
@@ -32,16 +29,13 @@ def parse_knobs(spec: str) -> Knobs:
         raise ValueError(f"engine spec {spec!r}: only 'minirl[:PRESET][,knob=value...]' is built in; pass "
                          f"another engine object to minirl.train(config, engine=...), e.g. real vLLM: "
                          f"aligntools.adapters.vllm_rollouts.VllmRollouts.create(path, 'bfloat16')")
-    preset = preset or "typical"
-    if preset not in PRESETS:
-        raise ValueError(f"engine preset {preset!r}; valid: {', '.join(PRESETS)}")
     changes: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise ValueError(f"engine spec {spec!r}: {pair!r} is not knob=value")
         changes[key.strip()] = Knobs.parse_value(key.strip(), value.strip())  # the one knob parser
-    return PRESETS[preset]().replace(**changes).validate()
+    return Knobs.preset(preset or "typical").replace(**changes).validate()
 
 
 def make_engine(spec: str, model_path: str | os.PathLike, dtype: str) -> RolloutEngine:

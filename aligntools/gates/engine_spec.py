@@ -74,8 +74,7 @@ def minirl_knobs(preset: str | None, overrides: dict[str, object]):
     """Knobs of a minirl spec: the preset (default ``typical``) with the overrides applied."""
     from minirl import Knobs
 
-    factory = {"aligned": Knobs.aligned, "typical": Knobs.typical_inference, "hf_exact": Knobs.hf_exact}
-    return factory[preset or "typical"]().replace(**overrides).validate()
+    return Knobs.preset(preset or "typical").replace(**overrides).validate()
 
 
 def minirl_default_dtype(preset: str | None) -> str:

@@ -142,6 +142,14 @@ class Knobs:
         is closer to the fp32 truth but not identical to a stock bf16 trainer."""
         return cls.aligned().replace(lm_head_dtype="act", router_dtype="act", topk="torch")
 
+    @classmethod
+    def preset(cls, name: str) -> "Knobs":
+        """A preset by the name engine specs use: ``typical``, ``aligned`` or ``hf_exact``."""
+        factories = {"typical": cls.typical_inference, "aligned": cls.aligned, "hf_exact": cls.hf_exact}
+        if name not in factories:
+            raise ValueError(f"unknown knobs preset {name!r}; presets: {', '.join(factories)}")
+        return factories[name]()
+
     def replace(self, **changes: object) -> "Knobs":
         """A copy with some fields changed; unknown names raise with the valid list."""
         valid = {f.name for f in dataclasses.fields(self)}
