@@ -42,7 +42,8 @@ class TrainConfig:
     # --- rollout (the inference engine is the experiment variable)
     engine: str = "minirl:typical"
     """``minirl[:PRESET][,knob=value...]``, presets typical / aligned / hf_exact (``Knobs``);
-    e.g. ``minirl:typical,tp=2,topk=unstable`` (Ring-linear §5.2.1 lists the knobs)."""
+    e.g. ``minirl:typical,tp=2,topk=unstable`` (Ring-linear §5.2.1 lists the knobs); or real vLLM,
+    ``vllm[,max_model_len=N,max_num_seqs=N,seed=N]`` (its dtype is ``engine_dtype``)."""
     engine_dtype: str = "bfloat16"
     """rollout dtype; bf16 vs the fp32 trainer is the basic mismatch (Ring-linear §5.2.1)."""
     prompts_per_step: int = 8

@@ -3,13 +3,15 @@
 
 Why it lives here and not in minirl: minirl never imports aligntools, and creating, hooking and
 re-loading an in-process vLLM is this package's business (``vllm_engine``). Pass it to the
-trainer: ``minirl.train(config, engine=VllmRollouts.create(path, "bfloat16"))``.
+trainer: ``engine: vllm`` in the run's config (``from_spec``, registered as the ``vllm`` entry
+point of ``minirl.engines``), or ``minirl.train(config, engine=VllmRollouts.create(path, "bfloat16"))``.
 
 Logprobs are vLLM's ``raw_logprobs`` (its default ``logprobs_mode``): log-softmax of the model's
 logits before temperature / top-k / top-p, the same convention as minirl's ``Rollout.logprobs``
-(docs/conventions.md), so the mismatch ratio compares like with like. Routed experts are not
-returned (vLLM's ``enable_return_routed_experts`` needs its GPU model runner), so R3 router
-replay is refused with a clear error rather than silently replaying nothing.
+(docs/conventions.md), so the mismatch ratio compares like with like. On a MoE model each
+rollout also carries vLLM's own expert choices (``prompt_routed_experts`` + ``routed_experts``,
+minirl's layout), recorded by hooks during ``generate`` (``vllm_routing``): that is what R3 router
+replay replays; vLLM's ``enable_return_routed_experts`` needs its GPU model runner.
 """
 
 from __future__ import annotations
@@ -19,21 +21,36 @@ import os
 import torch
 
 from aligntools.adapters.vllm_engine import create_llm, sync_weights
+from aligntools.adapters.vllm_routing import RoutingRecorder
 from minirl import Rollout, SamplingParams
 
 
 class VllmRollouts:
     """Rollouts from an in-process vLLM ``LLM`` (made with ``create_llm``: eager, in process)."""
 
-    returns_routed_experts = False
-
     def __init__(self, llm: object) -> None:
         self.llm = llm
+        self.routing = RoutingRecorder(llm)
+        self.returns_routed_experts = self.routing.is_moe  # R3 can replay them
 
     @classmethod
     def create(cls, path: str | os.PathLike, dtype: str = "bfloat16", **options: object) -> "VllmRollouts":
         """A rollout engine over checkpoint ``path`` (vLLM options as in the ``vllm`` engine spec)."""
         return cls(create_llm(path, dtype, **options))
+
+    @classmethod
+    def from_spec(cls, spec: str, path: str | os.PathLike, dtype: str) -> "VllmRollouts":
+        """``vllm[:DTYPE][,option=value...]`` (the engine-spec grammar of ``mlab check``); the
+        dtype is the run's ``engine_dtype``, and a dtype in the spec must agree with it."""
+        from aligntools.gates.engine_spec import parse_engine_spec
+
+        name, preset, options = parse_engine_spec(spec)
+        if name != "vllm":
+            raise ValueError(f"engine spec {spec!r} is not a vllm spec: 'vllm[:DTYPE][,option=value...]'")
+        if preset is not None and preset != dtype:
+            raise ValueError(f"engine spec {spec!r} names dtype {preset} but engine_dtype is {dtype}; "
+                             f"set engine_dtype: {preset} (or drop the dtype from the spec)")
+        return cls.create(path, dtype, **options)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
         """``params.n`` samples per prompt, prompt-major, with raw logprobs of the sampled tokens."""
@@ -43,15 +60,25 @@ class VllmRollouts:
                         top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_new_tokens,
                         stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos,
                         seed=params.seed, logprobs=0)
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], vp, use_tqdm=False)
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        if self.returns_routed_experts:
+            with self.routing:
+                outs = self.llm.generate(requests, vp, use_tqdm=False)
+        else:
+            outs = self.llm.generate(requests, vp, use_tqdm=False)
         rollouts = []
         for prompt, request in zip(prompts, outs):
             for sample in request.outputs:  # [n] completions of this prompt
                 ids = list(sample.token_ids)
                 logprobs = torch.tensor([step[t].logprob for t, step in zip(ids, sample.logprobs)],
                                         dtype=torch.float32)  # [T] raw
-                rollouts.append(Rollout(prompt_ids=list(prompt), token_ids=ids, logprobs=logprobs,
-                                        finish_reason="stop" if sample.finish_reason == "stop" else "length"))
+                rollout = Rollout(prompt_ids=list(prompt), token_ids=ids, logprobs=logprobs,
+                                  finish_reason="stop" if sample.finish_reason == "stop" else "length")
+                if self.returns_routed_experts:
+                    routed = self.routing.routed_experts(  # [P + T, n_moe_layers, k]
+                        self.routing.request_for(request.request_id, sample.index, params.n), list(prompt) + ids)
+                    rollout.prompt_routed_experts, rollout.routed_experts = routed[: len(prompt)], routed[len(prompt):]
+                rollouts.append(rollout)
         return rollouts
 
     def load_weights(self, model: torch.nn.Module) -> None:

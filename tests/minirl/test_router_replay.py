@@ -90,3 +90,17 @@ def test_replay_entries_consumed_exactly_once(hf_moe):
 def test_bad_routed_experts_shape(hf_moe):
     with pytest.raises(ValueError, match="prompt_routed_experts"):
         trainer_logprobs(hf_moe, [[1, 2, 3]], [torch.zeros(2, 4, 2, dtype=torch.long)])
+
+
+def test_final_row_of_replayed_experts_changes_no_logprob(hf_moe):
+    """vLLM never feeds the final sampled token, so its R3 rows repeat the row before: allowed only
+    because the final position predicts nothing the trainer scores (causal attention)."""
+    seqs = [[1, 51, 28, 277, 13, 25]]
+    with torch.no_grad():
+        rec = forward(hf_moe, seqs, record_routing=True).routing[0]  # [6, n_moe, k]
+        other = rec.clone()
+        other[-1] = (rec[-1] + 1) % hf_moe.config.num_experts  # different experts at the final position
+        a, b = trainer_logprobs(hf_moe, seqs, [rec]), trainer_logprobs(hf_moe, seqs, [other])
+    assert not torch.equal(rec, other)
+    # grouped expert GEMMs regroup tokens when one row's experts change: last-bit noise only
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=1e-5)

@@ -138,3 +138,18 @@ def test_cli_runs_a_step(quick_config, tmp_path, capsys):
     path.write_text(yaml.safe_dump({k: v for k, v in cfg.to_dict().items() if k != "betas"}))
     assert cli.main(["train", "--config", str(path), "--set", "steps=1"]) == 0
     assert "done: 1 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("sglang", "unknown engine 'sglang'; engines here: minirl, vllm"),
+    ("vllm:float16", "names dtype float16 but engine_dtype is bfloat16"),
+    ("vllm,bogus=1", "unknown vllm option 'bogus'"),
+    ("minirl:typicl", "typicl"),
+])
+def test_bad_engine_spec_fails_before_any_engine_starts(spec, match, tmp_path):
+    """``engine:`` in a config: minirl's own specs and the entry-point plugins (vllm) reject typos
+    with the valid choices, before a checkpoint is read or vLLM starts."""
+    from minirl.rollout_engine import make_engine
+
+    with pytest.raises(ValueError, match=match):
+        make_engine(spec, tmp_path, "bfloat16")

@@ -1,5 +1,5 @@
-"""Real vLLM as minirl's rollout engine: raw logprobs of the sampled tokens, weight sync after
-every update, and a short RL run whose reward rises."""
+"""Real vLLM as minirl's rollout engine: raw logprobs of the sampled tokens, vLLM's own routed
+experts (R3), weight sync after every update, and a short RL run whose reward rises."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from aligntools.adapters.vllm_rollouts import VllmRollouts
 from aligntools.gates.engine_spec import load_hf
 from minirl import SamplingParams, train
+from minirl.trainer_forward import forward, trainer_logprobs
 from minirl.train_config import TrainConfig
-from minirl.trainer import resolve_model
 from tests.vllm.needs import needs_vllm
 
 pytestmark = needs_vllm
@@ -36,19 +36,65 @@ def test_rollouts_carry_raw_logprobs_of_the_sampled_tokens(zoo, vllm_llm):
             logp = hf(torch.tensor([seq])).logits[0].float().log_softmax(-1)  # [S, V]
         ref = logp[len(o.prompt_ids) - 1:-1].gather(1, torch.tensor(o.token_ids)[:, None])[:, 0]
         torch.testing.assert_close(o.logprobs, ref, rtol=0, atol=1e-4)  # raw: temperature 1 is not applied
-        assert o.finish_reason in ("stop", "length") and o.routed_experts is None
+        assert o.finish_reason in ("stop", "length")
 
 
 def test_short_rl_run_with_vllm_rollouts_raises_reward(zoo, tmp_path):
-    cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path)
-    engine = VllmRollouts.create(resolve_model(cfg), "bfloat16")
-    rewards = [r["reward"] for r in train(cfg, engine=engine).rows]
+    """``engine: vllm`` in the config: the spec reaches VllmRollouts through minirl's entry points."""
+    cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, engine="vllm,max_model_len=256")
+    rewards = [r["reward"] for r in train(cfg).rows]
     before, after = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(f"\nvLLM rollouts: reward first 3 steps {before:.3f} -> last 3 steps {after:.3f}: {rewards}")
     assert after > before + 0.05
 
 
-def test_r3_needs_an_engine_that_returns_routed_experts(zoo, tmp_path, vllm_llm):
-    cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, router_replay="r3", steps=1)
-    with pytest.raises(ValueError, match="router_replay='r3' replays the rollout engine's routed experts"):
-        train(cfg, engine=VllmRollouts(vllm_llm("tiny-qwen3-moe", "bfloat16")))
+def _replay_rows(rollouts) -> list[torch.Tensor]:
+    return [torch.cat([r.prompt_routed_experts, r.routed_experts]) for r in rollouts]
+
+
+def test_rollouts_carry_vllms_routed_experts(zoo, vllm_llm):
+    """fp32 vLLM routes like fp32 transformers, and replaying its experts in the trainer gives
+    the engine's logprobs (R3 with an aligned engine: no gap)."""
+    path = zoo("tiny-qwen3-moe")
+    engine = VllmRollouts(vllm_llm("tiny-qwen3-moe", "float32"))
+    assert engine.returns_routed_experts
+    outs = engine.generate([[5, 17, 42, 9], [7, 7, 300]], SamplingParams(n=3, max_new_tokens=8, temperature=1.0,
+                                                                         seed=0))
+    hf = load_hf(path, "float32")
+    seqs = [o.prompt_ids + o.token_ids for o in outs]
+    routed = _replay_rows(outs)
+    with torch.no_grad():
+        own = forward(hf, seqs, record_routing=True).routing  # the trainer's own choices
+        replayed = trainer_logprobs(hf, seqs, routed)
+    for o, r, mine, logp in zip(outs, routed, own, replayed):
+        assert r.shape == (len(o.prompt_ids) + len(o.token_ids), 4, 2) and r.dtype == torch.int64
+        same = (r[:-1].sort(-1).values == mine[:-1].sort(-1).values).all(-1).float().mean()
+        assert same > 0.95, f"fp32 vLLM and fp32 transformers chose the same experts at only {same:.0%} of rows"
+        torch.testing.assert_close(logp[len(o.prompt_ids) - 1:], o.logprobs, rtol=0, atol=1e-4)
+
+
+def test_r3_narrows_the_gap_to_bf16_vllm(zoo, vllm_llm):
+    """CompassMax §2.4.4 with real vLLM rollouts: the factor is printed (docs/rl.md quotes it)."""
+    engine = VllmRollouts(vllm_llm("tiny-qwen3-moe", "bfloat16"))
+    prompts = [[1, 51, 28, 277, 13, 25, 31, 259, 28], [1, 51, 28, 40, 41, 13], [1, 80, 81, 82]]
+    outs = engine.generate(prompts, SamplingParams(n=6, max_new_tokens=32, temperature=1.0, seed=0, ignore_eos=True))
+    hf = load_hf(zoo("tiny-qwen3-moe"), "float32")
+    seqs = [o.prompt_ids + o.token_ids for o in outs]
+
+    def gap(routed):
+        with torch.no_grad():
+            got = trainer_logprobs(hf, seqs, routed)
+        return torch.cat([(g[len(o.prompt_ids) - 1:] - o.logprobs).abs() for g, o in zip(got, outs)])
+
+    plain, replayed = gap(None), gap(_replay_rows(outs))
+    print(f"\nR3 vs bf16 vLLM: |dlogp| mean {plain.mean():.2e} -> {replayed.mean():.2e} "
+          f"({plain.mean() / replayed.mean():.2f}x), max {plain.max():.2e} -> {replayed.max():.2e} "
+          f"({plain.max() / replayed.max():.2f}x)")
+    assert float(replayed.mean()) < float(plain.mean())
+    assert float(replayed.max()) <= float(plain.max())
+
+
+def test_rl_step_with_r3_replays_vllm_routing(zoo, tmp_path, vllm_llm):
+    cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, router_replay="r3", steps=1, sft_steps=0, engine_dtype="float32")
+    rows = train(cfg, engine=VllmRollouts(vllm_llm("tiny-qwen3-moe", "float32"))).rows
+    assert rows[0]["abs_dlogp_max"] < 1e-3  # aligned fp32 engine + R3: the gap is kernel noise only
