@@ -13,45 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl import tasks
 from minirl.async_loop import LoopConfig, LoopResult, run
-from minirl.tasks.base import Problem, answer_text
 from minirl.train_config import TrainConfig
 
 OUT = Path("runs/bench_async")
-
-
-@dataclass(frozen=True)
-class LongTailSorting:
-    """Sort 1..``max_length`` digits; the length is geometric (most short, a few long), so a
-    step's generation time is set by its longest answers: the long tail of real RL rollouts."""
-
-    max_length: int = 12
-    p: float = 0.35
-    name: str = "longtail_sorting"
-
-    def sample(self, rng: random.Random) -> Problem:
-        n = 1
-        while n < self.max_length and rng.random() > self.p:
-            n += 1
-        nums = [rng.randint(0, 9) for _ in range(n)]
-        return Problem(f"Q: sort {' '.join(map(str, nums))} A:", " ".join(map(str, sorted(nums))),
-                       {"sorted": sorted(nums)})
-
-    def verify(self, problem: Problem, completion: str) -> bool:
-        parts = answer_text(completion).split()
-        return all(p.isdigit() for p in parts) and [int(p) for p in parts] == problem.meta["sorted"]
-
-
-tasks.register("longtail_sorting", LongTailSorting)
 
 
 def config(steps: int, out: str) -> TrainConfig:

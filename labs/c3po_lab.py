@@ -153,3 +153,77 @@ def _row(arm: str, step: int, seconds: float, trained: int, sampled: int, lens: 
     return {"arm": arm, "step": step, "rollout_time_s": seconds, "trained_tokens": trained,
             "sampled_tokens": sampled, "mean_length": statistics.mean(lens) if lens else 0.0,
             "prefilled_tokens": prefilled, "engine_calls": calls}
+
+
+@dataclass
+class C3poTraining:
+    """Ring-1T Fig. 8 in miniature: the same RL run, synchronous vs C3PO++ (trainer in the loop).
+    ``steps``: one row per (arm, step) with training reward, rollout-phase and step time, trained
+    tokens and (C3PO++) the mean policy-version lag of the trained tokens; ``eval_accuracy``:
+    greedy accuracy on the held-out split after the last step, per arm."""
+
+    steps: pd.DataFrame
+    eval_accuracy: dict[str, float]
+    config: dict
+
+    def summary(self) -> pd.DataFrame:
+        """Per arm: mean rollout s/step, mean step s, trained tokens/step, training reward, eval accuracy."""
+        g = self.steps.groupby("arm")
+        out = g[["rollout_time_s", "step_time_s", "trained_tokens", "reward"]].mean()
+        out["eval_accuracy"] = pd.Series(self.eval_accuracy)
+        return out.loc[["synchronous", "C3PO++"]]
+
+    @property
+    def rollout_speedup(self) -> float:
+        t = self.steps.groupby("arm")["rollout_time_s"].mean()
+        return float(t["synchronous"] / t["C3PO++"])
+
+    def figure(self) -> Figure:
+        fig = Figure(figsize=(9, 3.4), layout="constrained")
+        ax1, ax2 = fig.subplots(1, 2)
+        for arm, color in (("synchronous", "#c0392b"), ("C3PO++", "#2c7fb8")):
+            d = self.steps[self.steps["arm"] == arm]
+            ax1.plot(d["step"], d["reward"], marker="o", color=color,
+                     label=f"{arm} (held-out acc. {self.eval_accuracy[arm]:.2f})")
+            ax2.plot(d["step"], d["rollout_time_s"], marker="o", color=color, label=arm)
+        ax1.set(xlabel="step", ylabel="training reward", ylim=(0, 1), title="reward (Ring-1T Fig. 8: close)")
+        ax2.set(xlabel="step", ylabel="rollout-phase time (s)", ylim=(0, None),
+                title=f"rollout time: {self.rollout_speedup:.2f}x (Ring-1T Fig. 7: ~{PAPER_SPEEDUP}x)")
+        ax1.legend(fontsize=8)
+        ax2.legend(fontsize=8)
+        return fig
+
+
+def compare_training(steps: int = 8, prompts_per_step: int = 8, group_size: int = 4, max_new_tokens: int = 64,
+                     max_length: int = 24, p: float = 0.15, sigma: int = 2, chunk: int = 8, seed: int = 0,
+                     progress: bool = True, out_dir: str = "runs/c3po_training") -> C3poTraining:
+    """Both arms from the same SFT-warmed zoo model on ``longtail_sorting`` (geometric answer
+    lengths: ``max_length`` and stop chance ``p`` set the tail): synchronous ``Trainer`` steps, then ``train_c3po`` with Ω = one synchronous batch
+    and Φ = the synchronous arm's mean trained tokens per step, so both train on about as many
+    tokens per step. The rollout engine is minirl's (bf16, typical knobs); IcePop corrects both."""
+    from minirl.c3po_loop import train_c3po
+    from minirl.train_config import TrainConfig
+    from minirl.trainer import Trainer
+
+    base = dict(model=str(zoo.build("tiny-qwen3", seed=0)), sft_steps=150, task="longtail_sorting",
+                task_kwargs={"max_length": max_length, "p": p},
+                prompts_per_step=prompts_per_step, group_size=group_size, max_new_tokens=max_new_tokens,
+                steps=steps, minibatches=2, lr=1e-3, n_train=400, n_eval=32, eval_every=0, checkpoint_every=0,
+                seed=seed, progress=progress)
+    sync = Trainer(TrainConfig(**base, out_dir=f"{out_dir}/synchronous"))
+    sync_rows = sync.run().rows
+    budget = int(statistics.mean(r["length"] for r in sync_rows) * prompts_per_step * group_size)
+    c3 = train_c3po(TrainConfig(**base, out_dir=f"{out_dir}/c3po"), token_budget=budget, retention=sigma,
+                    chunk_tokens=chunk)
+    rows = [_train_row("synchronous", r, r["length"] * prompts_per_step * group_size) for r in sync_rows]
+    rows += [_train_row("C3PO++", r, r["trained_tokens"]) for r in c3.rows]
+    config = {"steps": steps, "prompts_per_step": prompts_per_step, "group_size": group_size,
+              "max_new_tokens": max_new_tokens, "max_length": max_length, "p": p, "sigma": sigma, "chunk": chunk, "token_budget": budget}
+    return C3poTraining(pd.DataFrame(rows), {"synchronous": sync.evaluate(), "C3PO++": c3.trainer.evaluate()}, config)
+
+
+def _train_row(arm: str, r: dict, trained_tokens: float) -> dict:
+    times = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
+    return {"arm": arm, "step": r["step"], "reward": r["reward"], "rollout_time_s": r["time_rollout"],
+            "step_time_s": sum(r.get(k, 0.0) for k in times), "trained_tokens": trained_tokens,
+            "version_lag_mean": r.get("version_lag_mean", 0.0)}

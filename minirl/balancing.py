@@ -55,8 +55,9 @@ def makespan(lengths: Sequence[float], assignment: list[list[int]]) -> float:
 class RewardOverlap:
     """Score rollouts while others are still generating (§3.2.2).
 
-    ``submit(key, *args)`` as each rollout finishes; ``gather()`` waits and returns {key: reward}.
-    Use as a context manager so the pool is shut down.
+    ``submit(key, *args)`` as each rollout finishes; ``gather()`` waits and returns {key: reward}
+    for everything submitted, ``take(keys)`` only for ``keys`` (the rest keep scoring). Use as a
+    context manager so the pool is shut down.
     """
 
     def __init__(self, score: Callable[..., float], workers: int = 4) -> None:
@@ -70,9 +71,13 @@ class RewardOverlap:
         self._futures[key] = self._pool.submit(self._score, *args)
 
     def gather(self) -> dict[Hashable, float]:
-        out = {k: f.result() for k, f in self._futures.items()}
-        self._futures.clear()
-        return out
+        return self.take(list(self._futures))
+
+    def take(self, keys: Sequence[Hashable]) -> dict[Hashable, float]:
+        missing = [k for k in keys if k not in self._futures]
+        if missing:
+            raise KeyError(f"rollouts {missing[:5]} were never submitted for scoring (or were already taken)")
+        return {k: self._futures.pop(k).result() for k in keys}
 
     def __enter__(self) -> "RewardOverlap":
         return self

@@ -74,16 +74,20 @@ class PoolRollout:
 @dataclass
 class C3poBatch:
     rollouts: list[PoolRollout]  # Q_train of this iteration
+    purged: list[PoolRollout]  # dropped at this iteration's start (retention > σ)
     version: int  # the policy version θ_t that generated this iteration's tokens
     metrics: dict[str, Any]
 
 
 class C3poScheduler:
     def __init__(self, engine: Any, sample_prompt: Callable[[], list[int]], cfg: C3poConfig,
-                 params: SamplingParams | None = None) -> None:
+                 params: SamplingParams | None = None,
+                 on_finish: Callable[[PoolRollout], None] | None = None) -> None:
         """``sample_prompt()`` returns one prompt's token ids (refills the pool); ``params`` gives
-        temperature / top-p / stop ids (its ``n`` and ``max_new_tokens`` are set per call)."""
-        self.engine, self.sample_prompt, self.cfg = engine, sample_prompt, cfg
+        temperature / top-p / stop ids (its ``n`` and ``max_new_tokens`` are set per call);
+        ``on_finish(rollout)`` runs the moment a rollout ends, mid-iteration (reward overlap,
+        CompassMax §3.2.2: scoring starts while the others still generate)."""
+        self.engine, self.sample_prompt, self.cfg, self.on_finish = engine, sample_prompt, cfg, on_finish
         self.params = params if params is not None else SamplingParams()
         self.pool: list[PoolRollout] = []
         self.version = 0
@@ -108,13 +112,15 @@ class C3poScheduler:
             for o in [o for o in self.pool if o.finish_reason is not None]:
                 completed += len(o.token_ids)
                 done.append(o)
+                if self.on_finish is not None:
+                    self.on_finish(o)
             self.pool = [o for o in self.pool if o.finish_reason is None]
         for o in self.pool:
             o.retention += 1
         counts = {"completed_tokens": completed, "completed_before_last_step": before_last,
                   "generated_tokens": generated, "engine_steps": calls,
                   "last_step_tokens": last_step_tokens, "last_step_active": active_at_last_step}
-        batch = C3poBatch(done, self.version, self._metrics(done, purged, counts, t0))
+        batch = C3poBatch(done, purged, self.version, self._metrics(done, purged, counts, t0))
         self.version += 1
         return batch
 

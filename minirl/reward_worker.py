@@ -1,6 +1,6 @@
 """Reward workers: the verifier behind a timeout, so one bad sample costs one reward, not the run.
 
-A verifier that raises gives reward 0 (as in ``Trainer._rewards``); one that hangs gives reward
+A verifier that raises gives reward 0 (as in ``Trainer.rewards``); one that hangs gives reward
 0 after ``timeout_s`` and is counted separately. The hung call keeps running in a daemon thread
 (Python cannot kill a thread); a Ray reward actor can be replaced if that ever matters.
 """

@@ -39,6 +39,9 @@ class RunLog:
         self.rows: list[dict] = [dict(r) for r in rows or []]
 
     def append(self, step: int, metrics: dict[str, float]) -> None:
+        bad = [k for k in metrics if "/" in k]
+        if bad:  # checked before the row is kept: the log on disk stays as it was
+            raise ValueError(f"metric names {bad} contain '/', which netCDF reserves for groups; use '_' instead")
         self.rows.append({"step": int(step), **{k: float(v) for k, v in metrics.items()}})
         self.flush()
 

@@ -32,7 +32,7 @@ class TrainConfig:
     """task SFT warm-up steps before RL (cached), so RL starts from a policy that sometimes
     succeeds; 0 starts from ``model`` as is (e.g. a real instruct model)."""
     task: str = "arithmetic"
-    """a ``minirl.tasks`` name: arithmetic, countdown, sorting."""
+    """a ``minirl.tasks`` name: arithmetic, countdown, sorting, longtail_sorting."""
     task_kwargs: dict = field(default_factory=lambda: {"digits": 1})
     n_train: int = 100
     n_eval: int = 32

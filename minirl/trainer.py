@@ -126,7 +126,7 @@ class Trainer:
                                 seed=_seed(c.seed, step, 1))
         rollouts = self.engine.generate(prompts, params)
         time_rollout = time.perf_counter() - t
-        rewards, errors = self._rewards(problems, rollouts)
+        rewards, errors = self.rewards(problems, rollouts)
         metrics = self.learn(step, rollouts, rewards)
         t = time.perf_counter()
         if not metrics["nan_skipped"]:  # weight sync: the rollout engine now serves the updated policy
@@ -220,17 +220,19 @@ class Trainer:
             out.append(self.train_set[int(order[i])])
         return out
 
-    def _rewards(self, problems: list[tasks.Problem], rollouts) -> tuple[torch.Tensor, int]:
-        """Verifier result per rollout; a verifier that raises gives reward 0 and is counted."""
-        rewards, errors = [], 0
-        for i, r in enumerate(rollouts):
-            text = self.tokenizer.decode(r.token_ids, skip_special_tokens=True)
-            try:
-                rewards.append(float(self.task.verify(problems[i // self.cfg.group_size], text)))
-            except Exception:  # noqa: BLE001 - any verifier bug costs one sample, not the run
-                rewards.append(0.0)
-                errors += 1
-        return torch.tensor(rewards), errors
+    def rewards(self, problems: list[tasks.Problem], rollouts) -> tuple[torch.Tensor, int]:
+        """Verifier result per rollout (prompt-major, ``group_size`` per problem); the count of
+        verifier errors."""
+        scored = [self.score(problems[i // self.cfg.group_size], r.token_ids) for i, r in enumerate(rollouts)]
+        return torch.tensor([reward for reward, _ in scored]), sum(error for _, error in scored)
+
+    def score(self, problem: tasks.Problem, token_ids: list[int]) -> tuple[float, bool]:
+        """(reward, verifier raised): a verifier that raises gives reward 0 and is counted."""
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        try:
+            return float(self.task.verify(problem, text)), False
+        except Exception:  # noqa: BLE001 - any verifier bug costs one sample, not the run
+            return 0.0, True
 
     def evaluate(self) -> float:
         """Greedy accuracy on the held-out split (with the rollout engine, as it would be served)."""

@@ -17,9 +17,11 @@ from collections.abc import Callable
 from minirl.tasks.arithmetic import Arithmetic
 from minirl.tasks.base import Problem, Task, answer_text, splits
 from minirl.tasks.countdown import Countdown
+from minirl.tasks.longtail_sorting import LongTailSorting
 from minirl.tasks.sorting import Sorting
 
-_REGISTRY: dict[str, Callable[..., Task]] = {"arithmetic": Arithmetic, "countdown": Countdown, "sorting": Sorting}
+_REGISTRY: dict[str, Callable[..., Task]] = {"arithmetic": Arithmetic, "countdown": Countdown, "sorting": Sorting,
+                                               "longtail_sorting": LongTailSorting}
 
 
 def register(name: str, factory: Callable[..., Task]) -> None:

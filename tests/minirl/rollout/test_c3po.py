@@ -69,6 +69,25 @@ def test_purge_after_sigma_partitions() -> None:
     assert m2["c3po/purged_tokens"] > 0
 
 
+def test_on_finish_scores_each_rollout_once_before_the_iteration_ends() -> None:
+    """Reward overlap: the callback fires as each rollout ends, mid-iteration, once per rollout."""
+    cfg = C3poConfig(token_budget=40, pool_capacity=6, max_new_tokens=60, retention=3, chunk_tokens=4)
+    engine, finished = ScriptedEngine(), []
+    sched = C3poScheduler(engine, _long_tail_prompts(0, 60), cfg,
+                          on_finish=lambda o: finished.append((o.uid, engine.calls_seen)))
+    engine.calls_seen = 0
+    original = engine.generate
+
+    def counting(prompts, params):
+        engine.calls_seen += 1
+        return original(prompts, params)
+
+    engine.generate = counting
+    batch = sched.step()
+    assert sorted(uid for uid, _ in finished) == sorted(o.uid for o in batch.rollouts)
+    assert len({call for _, call in finished}) > 1  # scored across several engine calls, not at the end
+
+
 def test_bad_config_names_the_fix() -> None:
     with pytest.raises(ValueError, match="smaller than one rollout chunk"):
         C3poConfig(token_budget=4, pool_capacity=2, max_new_tokens=8, chunk_tokens=8)
