@@ -160,7 +160,8 @@ class C3poTraining:
     """Ring-1T Fig. 8 in miniature: the same RL run, synchronous vs C3PO++ (trainer in the loop).
     ``steps``: one row per (arm, step) with training reward, rollout-phase and step time, trained
     tokens and (C3PO++) the mean policy-version lag of the trained tokens; ``eval_accuracy``:
-    greedy accuracy on the held-out split after the last step, per arm."""
+    greedy accuracy on the held-out split after the last step, per arm. Time means leave out
+    step 0 (engine warm-up: vLLM's first ``generate`` alone takes seconds) when there are more."""
 
     steps: pd.DataFrame
     eval_accuracy: dict[str, float]
@@ -168,15 +169,18 @@ class C3poTraining:
 
     def summary(self) -> pd.DataFrame:
         """Per arm: mean rollout s/step, mean step s, trained tokens/step, training reward, eval accuracy."""
-        g = self.steps.groupby("arm")
-        out = g[["rollout_time_s", "step_time_s", "trained_tokens", "reward"]].mean()
+        out = self._timed().groupby("arm")[["rollout_time_s", "step_time_s"]].mean()
+        out[["trained_tokens", "reward"]] = self.steps.groupby("arm")[["trained_tokens", "reward"]].mean()
         out["eval_accuracy"] = pd.Series(self.eval_accuracy)
         return out.loc[["synchronous", "C3PO++"]]
 
     @property
     def rollout_speedup(self) -> float:
-        t = self.steps.groupby("arm")["rollout_time_s"].mean()
+        t = self._timed().groupby("arm")["rollout_time_s"].mean()
         return float(t["synchronous"] / t["C3PO++"])
+
+    def _timed(self) -> pd.DataFrame:
+        return self.steps[self.steps["step"] > 0] if self.steps["step"].max() > 0 else self.steps
 
     def figure(self) -> Figure:
         fig = Figure(figsize=(9, 3.4), layout="constrained")
@@ -196,11 +200,14 @@ class C3poTraining:
 
 def compare_training(steps: int = 8, prompts_per_step: int = 8, group_size: int = 4, max_new_tokens: int = 64,
                      max_length: int = 24, p: float = 0.15, sigma: int = 2, chunk: int = 8, seed: int = 0,
-                     progress: bool = True, out_dir: str = "runs/c3po_training") -> C3poTraining:
+                     engine: str = "minirl:typical", lr: float = 3e-4, progress: bool = True,
+                     out_dir: str = "runs/c3po_training") -> C3poTraining:
     """Both arms from the same SFT-warmed zoo model on ``longtail_sorting`` (geometric answer
     lengths: ``max_length`` and stop chance ``p`` set the tail): synchronous ``Trainer`` steps, then ``train_c3po`` with Ω = one synchronous batch
     and Φ = the synchronous arm's mean trained tokens per step, so both train on about as many
-    tokens per step. The rollout engine is minirl's (bf16, typical knobs); IcePop corrects both."""
+    tokens per step. ``engine`` is the rollout-engine spec of both arms (minirl's bf16 ``typical``
+    by default; ``"vllm,prefix_caching=true"`` lets C3PO++'s resumes hit vLLM's prefix cache);
+    IcePop corrects both."""
     from minirl.c3po_loop import train_c3po
     from minirl.train_config import TrainConfig
     from minirl.trainer import Trainer
@@ -208,7 +215,7 @@ def compare_training(steps: int = 8, prompts_per_step: int = 8, group_size: int 
     base = dict(model=str(zoo.build("tiny-qwen3", seed=0)), sft_steps=150, task="longtail_sorting",
                 task_kwargs={"max_length": max_length, "p": p},
                 prompts_per_step=prompts_per_step, group_size=group_size, max_new_tokens=max_new_tokens,
-                steps=steps, minibatches=2, lr=1e-3, n_train=400, n_eval=32, eval_every=0, checkpoint_every=0,
+                steps=steps, minibatches=2, lr=lr, engine=engine, n_train=400, n_eval=32, eval_every=0, checkpoint_every=0,
                 seed=seed, progress=progress)
     sync = Trainer(TrainConfig(**base, out_dir=f"{out_dir}/synchronous"))
     sync_rows = sync.run().rows
@@ -218,7 +225,7 @@ def compare_training(steps: int = 8, prompts_per_step: int = 8, group_size: int 
     rows = [_train_row("synchronous", r, r["length"] * prompts_per_step * group_size) for r in sync_rows]
     rows += [_train_row("C3PO++", r, r["trained_tokens"]) for r in c3.rows]
     config = {"steps": steps, "prompts_per_step": prompts_per_step, "group_size": group_size,
-              "max_new_tokens": max_new_tokens, "max_length": max_length, "p": p, "sigma": sigma, "chunk": chunk, "token_budget": budget}
+              "max_new_tokens": max_new_tokens, "max_length": max_length, "p": p, "sigma": sigma, "chunk": chunk, "token_budget": budget, "engine": engine, "lr": lr}
     return C3poTraining(pd.DataFrame(rows), {"synchronous": sync.evaluate(), "C3PO++": c3.trainer.evaluate()}, config)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,6 +164,27 @@ def _c3po(small: bool) -> Outcome:
     return Outcome(ours, {"steps": steps, "version_share": xr.DataArray(c.version_share).to_dataset(name="share")},
                    {"c3po": c.figure()},
                    {"speedup_per_step": c.speedup, "speedup_per_token": c.speedup_per_token, "paper_speedup": c3po_lab.PAPER_SPEEDUP})
+
+
+@reproduction("c3po_reward", finding="C3PO++ with the trainer in the loop keeps the baseline's reward",
+              paper="Ring-1T §2.4.2 / Fig. 8: C3PO++'s reward curve stays close to the baseline's")
+def _c3po_reward(small: bool) -> Outcome:
+    from labs import c3po_lab
+
+    kw = (dict(steps=3, prompts_per_step=4, group_size=4, max_new_tokens=32, max_length=12) if small
+          else dict(steps=30, prompts_per_step=8, group_size=4, max_new_tokens=64, max_length=24))
+    with tempfile.TemporaryDirectory() as runs:  # the run logs; the comparison comes back in ``t``
+        t = c3po_lab.compare_training(**kw, progress=False, out_dir=runs)
+    s = t.summary()
+    ours = (f"mean training reward {s.loc['synchronous', 'reward']:.2f} (sync) vs {s.loc['C3PO++', 'reward']:.2f} "
+            f"(C3PO++), held-out accuracy {s.loc['synchronous', 'eval_accuracy']:.2f} vs "
+            f"{s.loc['C3PO++', 'eval_accuracy']:.2f}; rollout phase {t.rollout_speedup:.2f}x")
+    steps = xr.Dataset.from_dataframe(t.steps.set_index(["arm", "step"]))
+    steps.attrs = {k: str(v) for k, v in t.config.items()}
+    return Outcome(ours, {"steps": steps}, {"c3po_reward": t.figure()},
+                   {"reward_sync": float(s.loc["synchronous", "reward"]), "reward_c3po": float(s.loc["C3PO++", "reward"]),
+                    "eval_sync": float(s.loc["synchronous", "eval_accuracy"]),
+                    "eval_c3po": float(s.loc["C3PO++", "eval_accuracy"]), "rollout_speedup": t.rollout_speedup})
 
 
 @reproduction("roc", finding="GRPO-RoC keeps lowering tool errors in correct trajectories; GRPO plateaus",

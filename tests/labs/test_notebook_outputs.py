@@ -71,6 +71,11 @@ def check_05(nb: nbformat.NotebookNode) -> None:
     assert sync[0] > 0 and c3po[0] > 0  # rollout seconds per step
     assert 0.05 < sync[0] / c3po[0] < 20  # the speedup is measured, whatever it is
     assert c3po[-1] > sync[-1]  # a resume re-prefills: more prefilled tokens per sampled token
+    training = tagged(nb, "c3po-training")
+    assert has_image(training)
+    for arm in ("synchronous", "C3PO++"):
+        rollout_s, step_s, tokens, reward, accuracy = row(training, arm)
+        assert 0 < rollout_s <= step_s and tokens > 0 and 0 <= reward <= 1 and 0 <= accuracy <= 1
 
 
 def check_07(nb: nbformat.NotebookNode) -> None:

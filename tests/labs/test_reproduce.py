@@ -12,7 +12,7 @@ from labs import reproduce
 
 
 def test_registry_has_the_entries_with_paper_numbers():
-    assert {"checklist", "decode_drift", "c3po", "roc"} <= set(reproduce.REGISTRY)
+    assert {"checklist", "decode_drift", "c3po", "c3po_reward", "roc"} <= set(reproduce.REGISTRY)
     for rep in reproduce.REGISTRY.values():
         assert rep.finding and rep.paper and callable(rep.run)
         assert "§" in rep.paper or "Fig" in rep.paper, f"{rep.name}: cite the paper's section"

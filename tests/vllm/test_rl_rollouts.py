@@ -98,3 +98,17 @@ def test_rl_step_with_r3_replays_vllm_routing(zoo, tmp_path, vllm_llm):
     cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, router_replay="r3", steps=1, sft_steps=0, engine_dtype="float32")
     rows = train(cfg, engine=VllmRollouts(vllm_llm("tiny-qwen3-moe", "float32"))).rows
     assert rows[0]["abs_dlogp_max"] < 1e-3  # aligned fp32 engine + R3: the gap is kernel noise only
+
+
+def test_c3po_loop_runs_on_vllm_with_prefix_caching(zoo, tmp_path):
+    """C3PO++ resumes are new requests over prompt + tokens so far: with vLLM's prefix cache on
+    they reuse the KV of the earlier chunks, and weight sync resets that cache."""
+    from minirl.c3po_loop import train_c3po
+
+    cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, engine="vllm,prefix_caching=true", prompts_per_step=4,
+                 group_size=4, steps=3)
+    result = train_c3po(cfg, token_budget=24, chunk_tokens=2)
+    trained = [o for rollouts in result.trained for o in rollouts]
+    assert trained and all(len(o.versions) == len(o.token_ids) for o in trained)
+    assert all(r["nan_skipped"] == 0 for r in result.rows)
+    assert any(r["time_update"] > 0 for r in result.rows)
