@@ -101,6 +101,9 @@ class TrainConfig:
     epochs: int = 1
 
     # --- run control
+    device: str = "auto"
+    """where the trainer runs: ``auto`` = CUDA when present (the fused logprob kernel is Triton
+    there), else CPU; or ``cpu`` / ``cuda`` / ``cuda:N``. The rollout engine keeps its own device."""
     steps: int = 10
     eval_every: int = 5
     """greedy accuracy on the held-out split every N steps (and at step 0 and the end); 0 = never."""
@@ -117,6 +120,9 @@ class TrainConfig:
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name}={getattr(self, name)!r}; valid: {', '.join(valid)}")
+        if self.device not in ("auto", "cpu", "cuda") and not (
+                self.device.startswith("cuda:") and self.device[5:].isdigit()):
+            raise ValueError(f"device={self.device!r}; valid: auto, cpu, cuda, cuda:N")
         if self.group_size < 2:
             raise ValueError(f"group_size={self.group_size}: GRPO needs >= 2 samples per prompt (with 1, "
                              f"every advantage is 0 and nothing is learned); set group_size >= 2")

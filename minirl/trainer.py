@@ -67,16 +67,17 @@ class Trainer:
         self.train_set, self.eval_set = tasks.splits(self.task, c.n_train, c.n_eval, c.seed)
         self.model_path = resolve_model(c)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
+        self.device = resolve_device(c.device)
         torch.manual_seed(c.seed)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        self.model.train()
+        self.model.to(self.device).train()
         if c.router_replay != "none" and not router_replay.routers(self.model):
             raise ValueError(f"router_replay={c.router_replay!r} needs an MoE model (Qwen3-MoE, Mixtral); "
                              f"{self.model_path} has no router: set router_replay: none")
         self.ref = None
         if c.kl_coef > 0:
             self.ref = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-            self.ref.eval().requires_grad_(False)
+            self.ref.to(self.device).eval().requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
         self.engine = engine if engine is not None else make_engine(c.engine, self.model_path, c.engine_dtype)
         if c.router_replay == "r3" and not getattr(self.engine, "returns_routed_experts", True):
@@ -140,8 +141,8 @@ class Trainer:
         The rollouts' own logprobs are pi_infer of whatever policy version sampled each token, so
         the correction covers the engine mismatch and, in async runs, the staleness."""
         c, t = self.cfg, time.perf_counter()
-        adv = advantages.grpo_advantages(rewards, c.group_size, normalize_std=c.advantage == "grpo")
-        batch = pack(rollouts)
+        adv = advantages.grpo_advantages(rewards, c.group_size, normalize_std=c.advantage == "grpo").to(self.device)
+        batch = pack(rollouts, self.device)
         routing = batch.routed if c.router_replay == "r3" else None
         old = None
         if c.old_logprobs == "recompute":
@@ -271,7 +272,16 @@ def resolve_model(c: TrainConfig) -> Path:
     return warm_start(path, c.task, c.task_kwargs, steps=c.sft_steps, seed=c.seed, progress=c.progress)
 
 
-def pack(rollouts) -> Batch:
+def resolve_device(name: str) -> torch.device:
+    """``TrainConfig.device`` -> a device; asking for CUDA where there is none says so."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but torch sees no CUDA device here; use device: auto or cpu")
+    return torch.device(name)
+
+
+def pack(rollouts, device: torch.device | str = "cpu") -> Batch:
     """Rollouts -> padded ``Batch`` (positions ``P-1 .. P+n-2`` predict the n generated tokens)."""
     seqs = [list(r.prompt_ids) + list(r.token_ids) for r in rollouts]
     width = max(len(s) for s in seqs) - 1
@@ -284,7 +294,7 @@ def pack(rollouts) -> Batch:
     routed = None
     if rollouts[0].routed_experts is not None:
         routed = [torch.cat([r.prompt_routed_experts, r.routed_experts]) for r in rollouts]
-    return Batch(seqs, mask, logp, routed)
+    return Batch(seqs, mask.to(device), logp.to(device), routed)
 
 
 def correct(c: TrainConfig, logp_old: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor):

@@ -110,6 +110,7 @@ def test_nan_loss_is_skipped_then_stops_with_checkpoint_intact(quick_config, mon
     (dict(group_size=1), "group_size"),
     (dict(correction="icepopp"), "correction"),
     (dict(n_train=0), "n_train"),
+    (dict(device="gpu"), "device='gpu'; valid: auto, cpu, cuda, cuda:N"),
 ])
 def test_bad_config(values, match):
     with pytest.raises(ValueError, match=match):
@@ -153,3 +154,25 @@ def test_bad_engine_spec_fails_before_any_engine_starts(spec, match, tmp_path):
 
     with pytest.raises(ValueError, match=match):
         make_engine(spec, tmp_path, "bfloat16")
+
+
+def test_device_resolution():
+    from minirl.trainer import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device here"):
+            resolve_device("cuda")
+
+
+@pytest.mark.gpu
+def test_trainer_runs_on_cuda(quick_config):
+    """On a GPU the trainer's model, batch and logprob kernel (Triton) run on CUDA; the CPU
+    rollout engine gets the weights copied back after each update."""
+    from minirl.trainer import Trainer
+
+    trainer = Trainer(quick_config(device="cuda", steps=2))
+    rows = trainer.run().rows
+    assert next(trainer.model.parameters()).is_cuda
+    assert all(math.isfinite(r["loss"]) and r["nan_skipped"] == 0 for r in rows)
