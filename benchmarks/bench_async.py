@@ -1,11 +1,14 @@
 """async (1-step-off, AsyncFlow §4.2.2) vs sync on a long-tail length task, plus a cost model.
 
-    .venv/bin/python benchmarks/bench_async.py --steps 8
+    .venv/bin/python benchmarks/bench_async.py --steps 8 [--ray]
 
 Prints samples/s and wall time per step of both modes and their ratio (goal >= 1.3x on 2
 cores), the final reward of both, the measured phase times, and the cost model's predicted
 async/sync speedup at 1/2/8/64/512 rollout workers; saves the timelines and the model's plot
-under runs/bench_async/ (PNGs, not committed). Numbers on a shared, loaded machine are
+under runs/bench_async/ (PNGs, not committed). ``--ray`` adds the same run on Ray actors with 1
+and 2 rollout actors, lockstep (``max_staleness=0``) and 1-step-off: separate processes, so the
+overlap is not limited by one interpreter's GIL; those are the measured points the cost model is
+checked against. Step times leave out step 0 (start-up). Numbers on a shared, loaded machine are
 indicative only.
 """
 
@@ -17,77 +20,47 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
 
-from minirl.async_loop import LoopConfig, LoopResult, run
-from minirl.train_config import TrainConfig
+from labs.async_lab import config, phases, plot, predict
+from minirl.async_loop import LoopConfig, run
 
 OUT = Path("runs/bench_async")
 
 
-def config(steps: int, out: str) -> TrainConfig:
-    import labs.zoo
-
-    return TrainConfig(model=str(labs.zoo.build("tiny-qwen3")), sft_steps=150, task="longtail_sorting", task_kwargs={},
-                       prompts_per_step=8, group_size=4, max_new_tokens=32, steps=steps, minibatches=2,
-                       n_train=400, n_eval=0, eval_every=0, checkpoint_every=0, progress=False, out_dir=out)
-
-
-def phases(result: LoopResult) -> dict[str, float]:
-    """Per-step busy seconds of each stage (excluding step 0, the pipeline's warm-up)."""
-    steps = sorted({s[3] for s in result.timeline.spans if s[0] == "train"})[1:]
-    per = {}
-    for stage in ("rollout", "reward", "train", "sync"):
-        per[stage] = sum(e - b for name, b, e, k in result.timeline.spans if name == stage and k in steps) / len(steps)
-    per["group_gen_s"] = [e - b for name, b, e, k in result.timeline.spans if name == "rollout"]
-    tokens = statistics.mean(r["length"] for r in result.rows) * 32  # prompts * group per step
-    per["gen_per_token_s"] = per["rollout"] / tokens
-    per["update_per_token_s"] = per["train"] / tokens
-    return per
+def arms(ray: bool) -> dict[str, LoopConfig]:
+    """The runs to compare: in process, and (``ray``) on actors with 1 and 2 rollout actors."""
+    out = {"sync": LoopConfig(mode="sync"), "async": LoopConfig(mode="async", max_staleness=1)}
+    if ray:
+        for actors in (1, 2):  # 2 actors + trainer at 0.5 CPU each fit the 2-core cluster
+            for name, s in (("lockstep", 0), ("async", 1)):
+                out[f"ray-{name}-{actors}"] = LoopConfig(mode="ray", max_staleness=s, rollout_actors=actors,
+                                                         cpus_per_actor=0.5 if actors > 1 else 1.0)
+    return out
 
 
-def predict(ph: dict, workers: int, groups_per_worker: int, rng: np.random.Generator, trials: int = 2000
-            ) -> tuple[float, float]:
-    """Step time (sync, async) with ``workers`` rollout workers, each generating
-    ``groups_per_worker`` groups per step (weak scaling: the global batch grows with workers and
-    the trainer is scaled data-parallel with it, so its per-step time stays measured).
-
-    Generation of a step ends when the *slowest* worker does: the expected maximum over workers
-    of their summed group times, drawn from the measured long-tail distribution. Weight sync grows
-    with log2(workers) (a broadcast tree). sync = gen + reward + train + sync;
-    async (1-step-off) = max(gen + reward, train + sync): each side hides behind the other.
-    """
-    draws = rng.choice(np.array(ph["group_gen_s"]), size=(trials, workers, groups_per_worker)).sum(-1)
-    gen = float(draws.max(-1).mean())
-    sync_cost = ph["sync"] * (1 + np.log2(workers))
-    return gen + ph["reward"] + ph["train"] + sync_cost, max(gen + ph["reward"], ph["train"] + sync_cost)
-
-
-def plot(ph: dict, measured: float, workers: list[int]) -> Figure:
-    rng = np.random.default_rng(0)
-    ratios = [s / a for s, a in (predict(ph, w, 8, rng) for w in workers)]
-    fig = Figure(figsize=(5, 3.2))
-    ax = fig.add_subplot()
-    ax.plot(workers, ratios, marker="o", label="cost model: async / sync step time")
-    ax.scatter([1], [measured], color="C3", zorder=3, label="measured (1 worker, this machine)")
-    ax.axhline(1.59, color="grey", ls="--", lw=1, label="AsyncFlow avg. 1.59x (cluster)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("rollout workers")
-    ax.set_ylabel("speedup")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    return fig
+def ray_points(step: dict[str, float], ph: dict) -> dict[int, dict[str, float]]:
+    """Measured Ray async/lockstep per actor count next to the cost model's prediction for the
+    same split (strong scaling: the step's 8 groups divided over the actors)."""
+    rng, out = np.random.default_rng(0), {}
+    for actors in (1, 2):
+        if f"ray-async-{actors}" in step:
+            sync_t, async_t = predict(ph, actors, 8 // actors, rng)
+            out[actors] = {"measured": step[f"ray-lockstep-{actors}"] / step[f"ray-async-{actors}"],
+                           "cost_model": sync_t / async_t}
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--ray", action="store_true", help="add the Ray runs (1 and 2 rollout actors)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     results = {}
-    for mode in ("sync", "async"):
-        results[mode] = run(config(args.steps, str(OUT / mode)), LoopConfig(mode=mode, max_staleness=1))
-        results[mode].timeline.figure(results[mode].queue_stats["depth"], title=mode).savefig(OUT / f"timeline_{mode}.png")
+    for name, loop in arms(args.ray).items():
+        print(f"running {name} ...", flush=True)
+        results[name] = run(config(args.steps, str(OUT / name)), loop)
+        results[name].timeline.figure(results[name].queue_stats["depth"], title=name).savefig(OUT / f"timeline_{name}.png")
     s, a = results["sync"], results["async"]
     step = {m: statistics.mean(r["time_step"] for r in results[m].rows[1:]) for m in results}
     ph = phases(s)
@@ -101,8 +74,9 @@ def main() -> None:
         "phases_sync_per_step_s": {k: v for k, v in ph.items() if k != "group_gen_s"},
         "busy_idle": {m: results[m].timeline.busy_idle() for m in results},
         "cost_model_speedup": model,
+        "ray_async_vs_lockstep": ray_points(step, ph),
     }
-    plot(ph, report["wall_s_per_step"]["ratio"], [1, 2, 8, 64, 512]).savefig(OUT / "cost_model.png")
+    plot(ph, report["wall_s_per_step"]["ratio"], [1, 2, 8, 64, 512], report["ray_async_vs_lockstep"]).savefig(OUT / "cost_model.png")
     (OUT / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(json.dumps({k: v for k, v in report.items() if k != "busy_idle"}, indent=1, default=str))
 

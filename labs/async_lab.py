@@ -3,46 +3,86 @@
 AsyncFlow §6.2 / Fig. 10 reports an average 1.59x throughput gain of its asynchronous
 producer-consumer workflow over the verl baseline on 32-1024 NPUs. The gain comes from hiding the trainer behind
 generation (and vice versa); on one machine with two cores both compete for the same CPUs, so
-the measured ratio here is a lower bound and the cost model (``benchmarks/bench_async.py``:
+the measured ratio here is a lower bound and the cost model (``predict`` below:
 measured phase times, long-tail generation, N rollout workers) says what the same schedule gives
-when rollout and training run on separate hardware. This module only drives and summarises:
-the loop is ``minirl.async_loop.run``, the task, config, phase split, cost model and its plot
-are the benchmark's own functions.
+when rollout and training run on separate hardware. The loop is ``minirl.async_loop.run``; this module holds the
+run's config (the ``longtail_sorting`` task), the phase split, the cost model and its plot, which
+``benchmarks/bench_async.py`` and notebook 09 share.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 import statistics
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from labs import zoo
 from minirl.async_loop import LoopConfig, LoopResult, run
+from minirl.train_config import TrainConfig
 
 PAPER_SPEEDUP = 1.59  # AsyncFlow §6.2 / Fig. 10: average throughput gain over the verl baseline
-REPO = Path(__file__).resolve().parent.parent
 WORKERS = [1, 2, 8, 64, 512]
 
 
-def bench() -> ModuleType:
-    """``benchmarks/bench_async.py`` as a module (benchmarks/ is not an installed package).
-    Importing it registers its long-tail sorting task; it is loaded once per process."""
-    name = "benchmarks.bench_async"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "bench_async.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+def config(steps: int, out: str) -> TrainConfig:
+    return TrainConfig(model=str(zoo.build("tiny-qwen3")), sft_steps=150, task="longtail_sorting", task_kwargs={},
+                       prompts_per_step=8, group_size=4, max_new_tokens=32, steps=steps, minibatches=2,
+                       n_train=400, n_eval=0, eval_every=0, checkpoint_every=0, progress=False, out_dir=out)
+
+
+def phases(result: LoopResult) -> dict[str, float]:
+    """Per-step busy seconds of each stage (excluding step 0, the pipeline's warm-up)."""
+    steps = sorted({s[3] for s in result.timeline.spans if s[0] == "train"})[1:]
+    per = {}
+    for stage in ("rollout", "reward", "train", "sync"):
+        per[stage] = sum(e - b for name, b, e, k in result.timeline.spans if name == stage and k in steps) / len(steps)
+    per["group_gen_s"] = [e - b for name, b, e, k in result.timeline.spans if name == "rollout"]
+    tokens = statistics.mean(r["length"] for r in result.rows) * 32  # prompts * group per step
+    per["gen_per_token_s"] = per["rollout"] / tokens
+    per["update_per_token_s"] = per["train"] / tokens
+    return per
+
+
+def predict(ph: dict, workers: int, groups_per_worker: int, rng: np.random.Generator, trials: int = 2000
+            ) -> tuple[float, float]:
+    """Step time (sync, async) with ``workers`` rollout workers, each generating
+    ``groups_per_worker`` groups per step (weak scaling: the global batch grows with workers and
+    the trainer is scaled data-parallel with it, so its per-step time stays measured).
+
+    Generation of a step ends when the *slowest* worker does: the expected maximum over workers
+    of their summed group times, drawn from the measured long-tail distribution. Weight sync grows
+    with log2(workers) (a broadcast tree). sync = gen + reward + train + sync;
+    async (1-step-off) = max(gen + reward, train + sync): each side hides behind the other.
+    """
+    draws = rng.choice(np.array(ph["group_gen_s"]), size=(trials, workers, groups_per_worker)).sum(-1)
+    gen = float(draws.max(-1).mean())
+    sync_cost = ph["sync"] * (1 + np.log2(workers))
+    return gen + ph["reward"] + ph["train"] + sync_cost, max(gen + ph["reward"], ph["train"] + sync_cost)
+
+
+def plot(ph: dict, measured: float, workers: list[int], ray: dict[int, dict[str, float]]) -> Figure:
+    rng = np.random.default_rng(0)
+    ratios = [s / a for s, a in (predict(ph, w, 8, rng) for w in workers)]
+    fig = Figure(figsize=(5, 3.2))
+    ax = fig.add_subplot()
+    ax.plot(workers, ratios, marker="o", label="cost model: async / sync step time")
+    ax.scatter([1], [measured], color="C3", zorder=3, label="measured in process (threads, this machine)")
+    if ray:
+        ax.scatter(list(ray), [p["measured"] for p in ray.values()], color="C2", marker="s", zorder=3,
+                   label="measured on Ray actors (this machine)")
+    ax.axhline(1.59, color="grey", ls="--", lw=1, label="AsyncFlow avg. 1.59x (cluster)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rollout workers")
+    ax.set_ylabel("speedup")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
 
 
 @dataclass
@@ -74,27 +114,25 @@ class AsyncComparison:
 
     def cost_model(self) -> tuple[pd.DataFrame, Figure]:
         """Predicted async/sync speedup per rollout-worker count from the sync run's phase times."""
-        b = bench()
-        ph = b.phases(self.results["sync"])
+        ph = phases(self.results["sync"])
         rng = np.random.default_rng(0)
-        rows = {w: dict(zip(("sync_s", "async_s"), b.predict(ph, w, 8, rng))) for w in WORKERS}
+        rows = {w: dict(zip(("sync_s", "async_s"), predict(ph, w, 8, rng))) for w in WORKERS}
         table = pd.DataFrame.from_dict(rows, orient="index")
         table["speedup"] = table["sync_s"] / table["async_s"]
         table.index.name = "workers"
-        return table, b.plot(ph, self.speedup, WORKERS)
+        return table, plot(ph, self.speedup, WORKERS, {})
 
 
 def compare(steps: int = 8, prompts_per_step: int = 8, group_size: int = 4, max_new_tokens: int = 32,
             with_ray: bool = True, out_dir: str | None = None) -> AsyncComparison:
     """Run the benchmark's config in each mode (``max_staleness=1`` for async; Ray lockstep)."""
     root = Path(out_dir or tempfile.mkdtemp(prefix="async_lab_"))
-    b = bench()
     results, skipped = {}, {}
     modes = ["sync", "async"] + (["ray"] if with_ray else [])
     if not with_ray:
         skipped["ray"] = "with_ray=False"
     for mode in modes:
-        cfg = dataclasses.replace(b.config(steps, str(root / mode)), prompts_per_step=prompts_per_step,
+        cfg = dataclasses.replace(config(steps, str(root / mode)), prompts_per_step=prompts_per_step,
                                   group_size=group_size, max_new_tokens=max_new_tokens)
         loop = LoopConfig(mode=mode, max_staleness=1 if mode == "async" else 0)
         if mode == "ray":
@@ -102,8 +140,6 @@ def compare(steps: int = 8, prompts_per_step: int = 8, group_size: int = 4, max_
             if reason:
                 skipped["ray"] = reason
                 continue
-            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-            loop = dataclasses.replace(loop, setup_modules=("benchmarks.bench_async",))
         results[mode] = run(cfg, loop)
     return AsyncComparison(results, skipped)
 
