@@ -42,6 +42,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_tracker.py --hidden 1024
 	$(PY) benchmarks/bench_compare.py
+	$(PIP) -c requirements.txt -r requirements-bench.txt
+	$(PY) benchmarks/bench_trl.py
 
 # Every paper finding at full size: runs/reproduce/<name>/ + one table (paper vs ours). --small: minutes.
 reproduce: $(STAMP)

@@ -38,7 +38,7 @@ def test_ray_with_one_rollout_actor_matches_sync(make_cfg, sync_rows):
     assert {"rollout0", "reward", "train", "sync"} <= set(result.timeline.busy_idle())
 
 
-@pytest.mark.slow  # 50-80 s on 2 cores: two Ray runs, an actor restart and a resume
+# 50-80 s on 2 cores (two Ray runs, an actor restart and a resume): in the default run, it is the fault test
 def test_killed_rollout_actor_loses_nothing_then_resume_reproduces_the_run(make_cfg, sync_rows):
     cfg = make_cfg(steps=1, checkpoint_every=1)
     killed = []
