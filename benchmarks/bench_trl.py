@@ -1,0 +1,247 @@
+"""Wall time per RL step and peak update memory: minirl's trainer vs TRL's ``GRPOTrainer``.
+
+    .venv/bin/pip install -c requirements.txt -r requirements-bench.txt   # trl and what it adds
+    MLAB_ZOO_DIR=.zoo .venv/bin/python benchmarks/bench_trl.py [--steps 10] [--threads N]
+        [--task longtail_sorting --max-new-tokens 32]   # longer completions: generation matters
+
+Why: minirl claims to be a *fast* small RL engine; the honest check is a mainstream trainer doing
+the same work in the same run on the same box. Both get the SFT-warmed zoo Qwen3-MoE, the same
+1-digit arithmetic prompts (same token ids: TRL sees ``bos + prompt`` as raw text, exactly
+minirl's ``encode``), minirl's verifier as reward, 8 prompts x 8 samples, <= 8 new tokens (options),
+temperature 1, lr 1e-3, no KL, no MoE aux loss, fp32 training, 2 AdamW steps per RL step (minirl
+``minibatches=2``; TRL 32 completions per optimizer step, ``steps_per_generation=2``).
+
+How: one run does blocks of ``--steps`` RL steps per engine in the order ABC CBA (minirl bf16
+rollout, minirl fp32 rollout, TRL), dropping each block's first step (warm-up), so drift and bursts
+of outside load hit every engine alike. A step is timed around ``Trainer.train_step`` (minirl) and
+from ``on_step_begin`` of an RL step's first optimizer step to ``on_step_end`` of its second (TRL).
+Peak memory: one update (old logprobs + 2 AdamW steps) on the same 64 sequences in a fresh
+subprocess (median of 3): Linux peak RSS (VmHWM, reset via /proc/self/clear_refs) minus RSS just
+before. On a busy 2-core box (see the printed load average) use ``--threads 1``: 2 OpenMP threads
+plus another process wait on each other at every op, and steps get 10-100x slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+from labs import zoo  # noqa: E402
+from minirl import tasks  # noqa: E402
+from minirl.sft import encode  # noqa: E402
+from minirl.train_config import TrainConfig  # noqa: E402
+from minirl.trainer import Trainer, resolve_model  # noqa: E402
+
+ENGINES = ("minirl (bfloat16)", "minirl (float32)", "TRL GRPOTrainer")
+PHASES = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
+SETTINGS = dict(task="arithmetic", task_kwargs={"digits": 1}, sft_steps=100, prompts_per_step=8, group_size=8,
+                max_new_tokens=8, temperature=1.0, lr=1e-3, kl_coef=0.0, minibatches=2, eval_every=0,
+                checkpoint_every=0, progress=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="RL steps per engine and block (first not timed)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--task", default="arithmetic", help="a minirl task (arithmetic uses 1 digit)")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--peak-memory", choices=("minirl", "trl"), help=argparse.SUPPRESS)  # child process
+    parser.add_argument("--batch", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    SETTINGS.update(task=args.task, task_kwargs={"digits": 1} if args.task == "arithmetic" else {},
+                    max_new_tokens=args.max_new_tokens)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    base = zoo.build("tiny-qwen3-moe")
+    if args.peak_memory:
+        print(json.dumps(peak_update(args.peak_memory, base, args.batch)))
+        return
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first step of a block is warm-up and not timed)")
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, counts, batch = measure(base, args.steps, tmp)
+        torch.save(batch, f"{tmp}/batch.pt")
+        print("[7/7] peak update memory: 3 fresh subprocesses each", file=sys.stderr)
+        child = [sys.executable, __file__, "--batch", f"{tmp}/batch.pt", "--threads", str(torch.get_num_threads()),
+                 "--task", args.task, "--max-new-tokens", str(args.max_new_tokens)]
+        mem = {w: statistics.median(json.loads(subprocess.run([*child, "--peak-memory", w], check=True, text=True,
+                                                              capture_output=True).stdout.split()[-1]) for _ in range(3))
+               for w in ("minirl", "trl")}
+    print(f"\nRL step = {args.task}, 8 prompts x 8 samples, <= {args.max_new_tokens} new tokens, 2 AdamW steps, "
+          f"fp32 trainer; CPU, "
+          f"{torch.get_num_threads()} torch threads, load average {load[0]:.2f} -> {os.getloadavg()[0]:.2f}; "
+          f"median of 2 x {args.steps - 1} steps (blocks ABC CBA, first step of each dropped)")
+    print(f"TRL completions per generation: {[n for n, _ in counts]}")
+    report(rows, mem)
+
+
+def report(rows: dict[str, list[dict]], mem: dict[str, float]) -> None:
+    """The table: medians, TRL's s/step over each row's, minirl's phase split, peak update memory."""
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("s_step", "length", *PHASES) if k in rs[0]}
+           for name, rs in rows.items()}
+    trl = med["TRL GRPOTrainer"]["s_step"]
+    print(f"{'engine':<18} {'s/step':>7} {'TRL/this':>8} {'tok/compl':>9} {'rollout':>8} {'old_lp':>7} {'update':>7}"
+          f" {'sync':>6} {'peak update MiB':>16}")
+    for name, r in med.items():
+        split = " ".join(f"{r[p]:{w}.3f}" for p, w in zip(PHASES, (8, 7, 7, 6))) if PHASES[0] in r else f"{'-':>31}"
+        peak = mem["trl" if name.startswith("TRL") else "minirl"]
+        print(f"{name:<18} {r['s_step']:7.3f} {trl / r['s_step']:7.2f}x {r['length']:9.2f} {split} {peak:16.1f}")
+    print("TRL/this: TRL's s/step over this row's (> 1: faster than TRL). Peak update MiB: peak RSS (VmHWM) growth\n"
+          "over RSS before one update (old logprobs + 2 AdamW steps) on the same 64 sequences (minirl's step-0\n"
+          "rollouts; TRL replays them via rollout_func), median of 3 fresh processes; engine dtype does not enter it.")
+
+
+def measure(base: Path, steps: int, out: str) -> tuple[dict[str, list[dict]], list, tuple]:
+    """Blocks ABC CBA of ``steps`` RL steps -> per engine the timed rows (``s_step``, ``length``,
+    minirl's phases), TRL's (completions, mean tokens) per generation, minirl's step-0 batch."""
+    minirl = {name: BatchKeeper(minirl_config(base, f"{out}/{name}", engine_dtype=name[8:-1])) for name in ENGINES[:2]}
+    cfg = minirl[ENGINES[0]].cfg
+    problems = tasks.splits(tasks.get(cfg.task, **cfg.task_kwargs), cfg.n_train, cfg.n_eval, cfg.seed)[0]
+    rows: dict[str, list[dict]] = {name: [] for name in ENGINES}
+    counts: list[tuple[int, float]] = []
+    for i, name in enumerate(ENGINES + ENGINES[::-1]):
+        print(f"[{i + 1}/7] {name}: {steps} RL steps", file=sys.stderr, flush=True)
+        if name in minirl:
+            rows[name] += minirl_block(minirl[name], steps)
+        else:
+            block, block_counts = trl_block(resolve_model(cfg), problems, steps, out)
+            rows[name] += block
+            counts += block_counts
+    return rows, counts, minirl[ENGINES[0]].first_batch
+
+
+def minirl_block(trainer: Trainer, steps: int) -> list[dict]:
+    """``steps`` more RL steps, each timed around the whole ``train_step`` (its logged phases
+    leave out reward scoring); the first is dropped."""
+    rows = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        metrics = trainer.train_step(trainer.step)
+        rows.append({"s_step": time.perf_counter() - t, **metrics})
+        trainer.step += 1
+    return rows[1:]
+
+
+def trl_block(model_path: Path, problems: list, steps: int, out: str) -> tuple[list[dict], list]:
+    """``steps`` RL steps of a fresh ``GRPOTrainer`` (optimizer steps 2k and 2k+1 share one
+    generation of 64); the first is dropped."""
+    marks: list[float] = []
+
+    class Clock(TrainerCallback):  # global_step is even at an RL step's first begin and at its last end
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+            if state.global_step % 2 == 0:
+                marks.append(time.perf_counter())
+
+        on_step_end = on_step_begin
+
+    trainer, counts = trl_trainer(model_path, problems, steps, out, [Clock()])
+    trainer.train()
+    times = [end - begin for begin, end in zip(marks[0::2], marks[1::2])]
+    return [{"s_step": t, "length": n} for t, (_, n) in zip(times, counts)][1:], counts
+
+
+def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callbacks: list, rollout_func=None):
+    """A ``GRPOTrainer`` doing minirl's RL step -> (trainer, per generation (completions, mean
+    tokens), filled by the reward function: the check that a step really scores 64)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_path)
+    by_prompt = {tok.bos_token + p.prompt: p for p in problems}
+    task = tasks.get(SETTINGS["task"], **SETTINGS["task_kwargs"])
+    counts: list[tuple[int, float]] = []
+
+    def reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]], **_) -> list[float]:
+        counts.append((len(completions), statistics.mean(map(len, completion_ids))))
+        return [float(task.verify(by_prompt[p], c)) for p, c in zip(prompts, completions)]
+
+    args = GRPOConfig(output_dir=out, use_cpu=True, report_to="none", save_strategy="no", bf16=False,
+                      num_generations=8, max_completion_length=SETTINGS["max_new_tokens"], temperature=1.0, beta=0.0, learning_rate=1e-3,
+                      lr_scheduler_type="constant", per_device_train_batch_size=32, gradient_accumulation_steps=1,
+                      steps_per_generation=2, max_steps=2 * steps, epsilon=0.2, epsilon_high=0.28,
+                      router_aux_loss_coef=0.0, logging_steps=10**6, seed=0, disable_tqdm=rollout_func is not None)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, processing_class=tok, callbacks=callbacks,
+                          train_dataset=Dataset.from_list([{"prompt": p} for p in by_prompt]), rollout_func=rollout_func)
+    trl_ids = trainer._tokenize_prompts(list(by_prompt))[0]  # exactly what TRL generates from
+    assert trl_ids == [encode(tok, p.prompt)[0] for p in problems], "TRL and minirl prompt tokens differ"
+    return trainer, counts
+
+
+def minirl_config(base: Path, out: str, **extra) -> TrainConfig:
+    return TrainConfig(model=str(base), out_dir=out, **SETTINGS, **extra)
+
+
+class BatchKeeper(Trainer):
+    """minirl's Trainer, keeping step 0's rollouts: the batch both peak-memory runs update on."""
+
+    def learn(self, step: int, rollouts: list, rewards: torch.Tensor) -> dict[str, float]:
+        if step == 0:
+            self.first_batch = (self.problems(0), rollouts, rewards)
+        return super().learn(step, rollouts, rewards)
+
+
+def peak_update(which: str, base: Path, batch_file: Path) -> float:
+    """(child process) MiB of peak RSS growth over one update on the saved batch; TRL gets
+    minirl's completions through ``rollout_func`` instead of generating."""
+    problems, rollouts, rewards = torch.load(batch_file, weights_only=False)
+    with tempfile.TemporaryDirectory() as out:
+        if which == "minirl":
+            trainer = Trainer(minirl_config(base, out))
+            before = reset_peak()
+            trainer.learn(0, rollouts, rewards)
+            return (rss_kb("VmHWM") - before) / 1024
+        queue: dict[tuple, list] = {}
+        for r in rollouts:
+            queue.setdefault(tuple(r.prompt_ids), []).append(list(r.token_ids))
+        mark: dict[str, int] = {}
+
+        def replay(prompts: list[str], trainer) -> dict:  # noqa: ANN001
+            ids = trainer._tokenize_prompts(prompts)[0]
+            return {"prompt_ids": ids, "completion_ids": [queue[tuple(i)].pop() for i in ids], "logprobs": None}
+
+        class Peak(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+                mark.setdefault("before", reset_peak())
+
+            def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+                mark["peak"] = rss_kb("VmHWM")
+
+        trainer, counts = trl_trainer(resolve_model(minirl_config(base, out)), problems, 1, out, [Peak()], replay)
+        trainer.train()
+    assert [n for n, _ in counts] == [len(rollouts)], counts
+    return (mark["peak"] - mark["before"]) / 1024
+
+
+def reset_peak() -> int:
+    """Give freed heap back to the OS and reset the peak-RSS mark -> RSS now (kB)."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    return rss_kb("VmRSS")
+
+
+def rss_kb(field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
+if __name__ == "__main__":
+    main()
