@@ -125,7 +125,9 @@ class AsyncComparison:
 
 def compare(steps: int = 8, prompts_per_step: int = 8, group_size: int = 4, max_new_tokens: int = 32,
             with_ray: bool = True, out_dir: str | None = None) -> AsyncComparison:
-    """Run the benchmark's config in each mode (``max_staleness=1`` for async; Ray lockstep)."""
+    """Run ``config`` in each mode: ``sync``; ``async`` (1-step-off, producer thread); ``ray``
+    (1-step-off with rollout and trainer in separate actor processes, so the overlap is not
+    limited by one interpreter's GIL)."""
     root = Path(out_dir or tempfile.mkdtemp(prefix="async_lab_"))
     results, skipped = {}, {}
     modes = ["sync", "async"] + (["ray"] if with_ray else [])
@@ -134,7 +136,7 @@ def compare(steps: int = 8, prompts_per_step: int = 8, group_size: int = 4, max_
     for mode in modes:
         cfg = dataclasses.replace(config(steps, str(root / mode)), prompts_per_step=prompts_per_step,
                                   group_size=group_size, max_new_tokens=max_new_tokens)
-        loop = LoopConfig(mode=mode, max_staleness=1 if mode == "async" else 0)
+        loop = LoopConfig(mode=mode, max_staleness=0 if mode == "sync" else 1)
         if mode == "ray":
             reason = _ray_unavailable()
             if reason:
