@@ -11,7 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from minirl.tasks.base import Problem, answer_text
+from minirl.tasks.base import Problem
+from minirl.tasks.sorting import is_sorted_answer
 
 
 @dataclass(frozen=True)
@@ -35,5 +36,4 @@ class LongTailSorting:
                        {"sorted": sorted(nums)})
 
     def verify(self, problem: Problem, completion: str) -> bool:
-        parts = answer_text(completion).split()
-        return all(p.isdigit() for p in parts) and [int(p) for p in parts] == problem.meta["sorted"]
+        return is_sorted_answer(problem, completion)

@@ -22,5 +22,10 @@ class Sorting:
                        {"sorted": sorted(nums)})
 
     def verify(self, problem: Problem, completion: str) -> bool:
-        parts = answer_text(completion).split()
-        return all(p.isdigit() for p in parts) and [int(p) for p in parts] == problem.meta["sorted"]
+        return is_sorted_answer(problem, completion)
+
+
+def is_sorted_answer(problem: Problem, completion: str) -> bool:
+    """The completion's answer is the problem's numbers, ascending, space separated."""
+    parts = answer_text(completion).split()
+    return all(p.isdigit() for p in parts) and [int(p) for p in parts] == problem.meta["sorted"]

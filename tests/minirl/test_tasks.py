@@ -11,7 +11,7 @@ from minirl import tasks
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "countdown", "sorting"])
+@pytest.mark.parametrize("name", ["arithmetic", "countdown", "sorting", "longtail_sorting"])
 def test_generation_is_deterministic_and_split_is_disjoint(name):
     task = tasks.get(name)
     train, held_out = tasks.splits(task, 200, 50, seed=3)
@@ -50,3 +50,18 @@ def test_bad_task_inputs():
         tasks.splits(tasks.get("arithmetic"), 0, 4, seed=0)
     with pytest.raises(ValueError, match="distinct problems"):
         tasks.splits(tasks.get("arithmetic", digits=1), 1000, 10, seed=0)
+
+
+def test_longtail_sorting_lengths_are_geometric_and_capped():
+    """Most lists short, a few long, none past max_length: the long tail async/C3PO++ runs need."""
+    import random
+
+    task = tasks.get("longtail_sorting", max_length=12, p=0.35)
+    rng = random.Random(0)
+    lengths = [len(task.sample(rng).meta["sorted"]) for _ in range(4000)]
+    assert min(lengths) == 1 and max(lengths) == 12
+    share_one = lengths.count(1) / len(lengths)
+    assert abs(share_one - 0.35) < 0.03  # P(n = 1) = p
+    assert lengths.count(12) / len(lengths) < 0.02  # the cut-off tail
+    with pytest.raises(ValueError, match="0 < p <= 1"):
+        tasks.get("longtail_sorting", p=0.0)
