@@ -59,6 +59,22 @@ def parse_options(spec: str, items: Mapping[str, str]) -> dict[str, object]:
     return out
 
 
+def parse_spec(spec: str) -> tuple[str | None, dict[str, object]]:
+    """``vllm[:DTYPE][,option=value...]`` -> (dtype or None, typed options): the ``vllm`` case of
+    the engine-spec grammar (``aligntools.gates.engine_spec``), here so that the rollout adapter
+    reads a run config's spec without importing the gates."""
+    head, *items = [x.strip() for x in spec.strip().replace(":", ",", 1).split(",") if x.strip()]
+    if head != "vllm":
+        raise ValueError(f"engine spec {spec!r} is not a vllm spec: 'vllm[:DTYPE][,option=value...]'")
+    dtype = items.pop(0) if items and "=" not in items[0] else None
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"vllm dtype {dtype!r} in {spec!r}; valid: {', '.join(DTYPES)}")
+    bad = [x for x in items if "=" not in x]
+    if bad:
+        raise ValueError(f"expected option=value after the dtype in {spec!r}; got {bad}")
+    return dtype, parse_options(spec, {k.strip(): v.strip() for k, v in (x.split("=", 1) for x in items)})
+
+
 def _to_bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
         return True

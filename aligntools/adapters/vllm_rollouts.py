@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from aligntools.adapters.vllm_engine import create_llm, sync_weights
+from aligntools.adapters.vllm_engine import create_llm, parse_spec, sync_weights
 from aligntools.adapters.vllm_routing import RoutingRecorder
 from minirl import Rollout, SamplingParams
 
@@ -42,11 +42,7 @@ class VllmRollouts:
     def from_spec(cls, spec: str, path: str | os.PathLike, dtype: str) -> "VllmRollouts":
         """``vllm[:DTYPE][,option=value...]`` (the engine-spec grammar of ``mlab check``); the
         dtype is the run's ``engine_dtype``, and a dtype in the spec must agree with it."""
-        from aligntools.gates.engine_spec import parse_engine_spec
-
-        name, preset, options = parse_engine_spec(spec)
-        if name != "vllm":
-            raise ValueError(f"engine spec {spec!r} is not a vllm spec: 'vllm[:DTYPE][,option=value...]'")
+        preset, options = parse_spec(spec)
         if preset is not None and preset != dtype:
             raise ValueError(f"engine spec {spec!r} names dtype {preset} but engine_dtype is {dtype}; "
                              f"set engine_dtype: {preset} (or drop the dtype from the spec)")
