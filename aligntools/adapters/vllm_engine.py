@@ -68,7 +68,7 @@ def parse_spec(spec: str) -> tuple[str | None, dict[str, object]]:
         raise ValueError(f"engine spec {spec!r} is not a vllm spec: 'vllm[:DTYPE][,option=value...]'")
     dtype = items.pop(0) if items and "=" not in items[0] else None
     if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"vllm dtype {dtype!r} in {spec!r}; valid: {', '.join(DTYPES)}")
+        raise ValueError(f"{dtype!r} in {spec!r} is neither a vllm dtype ({', '.join(DTYPES)}) nor option=value")
     bad = [x for x in items if "=" not in x]
     if bad:
         raise ValueError(f"expected option=value after the dtype in {spec!r}; got {bad}")

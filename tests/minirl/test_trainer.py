@@ -145,8 +145,9 @@ def test_cli_runs_a_step(quick_config, tmp_path, capsys):
     ("sglang", "unknown engine 'sglang'; engines here: minirl, vllm"),
     ("vllm:float16", "names dtype float16 but engine_dtype is bfloat16"),
     ("vllm,bogus=1", "unknown vllm option 'bogus'"),
-    ("vllm:float64", "vllm dtype 'float64'"),
-    ("vllm,max_model_len", "expected option=value"),
+    ("vllm:float64", "'float64' in 'vllm:float64' is neither a vllm dtype"),
+    ("vllm,max_model_len", "neither a vllm dtype .* nor option=value"),
+    ("vllm:bfloat16,seed", "expected option=value"),
     ("vllm,max_model_len=lots", "is not a int"),
     ("minirl:typicl", "typicl"),
 ])
