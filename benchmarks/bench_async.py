@@ -8,13 +8,15 @@ async/sync speedup at 1/2/8/64/512 rollout workers; saves the timelines and the 
 under runs/bench_async/ (PNGs, not committed). ``--ray`` adds the same run on Ray actors with 1
 and 2 rollout actors, lockstep (``max_staleness=0``) and 1-step-off: separate processes, so the
 overlap is not limited by one interpreter's GIL; those are the measured points the cost model is
-checked against. Step times leave out step 0 (start-up). Numbers on a shared, loaded machine are
+checked against, plus 2 actors with length-aware dispatch (``dispatch="longest_first"``, CompassMax
+§3.1.1). Step times leave out step 0 (start-up). Numbers on a shared, loaded machine are
 indicative only.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -35,6 +37,7 @@ def arms(ray: bool) -> dict[str, LoopConfig]:
             for name, s in (("lockstep", 0), ("async", 1)):
                 out[f"ray-{name}-{actors}"] = LoopConfig(mode="ray", max_staleness=s, rollout_actors=actors,
                                                          cpus_per_actor=0.5 if actors > 1 else 1.0)
+        out["ray-async-2-longest-first"] = dataclasses.replace(out["ray-async-2"], dispatch="longest_first")
     return out
 
 

@@ -19,6 +19,7 @@ from minirl.timeline import Timeline
 from minirl.transfer_queue import QueueConfig, Sample, TransferQueue
 
 MODES = ("sync", "async", "ray")
+DISPATCH = ("fifo", "longest_first")
 COLUMNS = ("prompt", "rollouts", "reward")
 CONSUMERS = ("rollout", "reward", "train")
 
@@ -48,6 +49,14 @@ class LoopConfig:
     More than the cluster has is an error at start, not a queue that never runs."""
     connect_timeout_s: float = 20.0
     """how long to wait for ``ray_address`` to answer before failing."""
+    dispatch: str = "fifo"
+    """order in which a step's prompts go to idle rollout actors (``ray``): ``fifo``, or
+    ``longest_first``: predict each prompt's length from a short draft by the current policy and
+    hand out the longest first, so no actor is left with a long rollout at the end (CompassMax
+    §3.1.1; greedy longest-first is LPT, within 4/3 of the best makespan). Training order and
+    results do not change, only which actor generates what, and when."""
+    draft_tokens: int = 16
+    """tokens of the ``longest_first`` draft; a draft that does not end predicts ``max_new_tokens``."""
     setup_modules: tuple[str, ...] = ()
     """modules every Ray worker imports first (e.g. one that ``tasks.register``s a task)."""
 
@@ -57,6 +66,10 @@ class LoopConfig:
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness!r}: must be an int >= 0 (0 = synchronous, "
                              f"1 = AsyncFlow's one-step-off delayed update)")
+        if self.dispatch not in DISPATCH:
+            raise ValueError(f"dispatch={self.dispatch!r}; valid: {', '.join(DISPATCH)}")
+        if self.draft_tokens < 1:
+            raise ValueError(f"draft_tokens={self.draft_tokens}: need >= 1")
         if self.rollout_actors < 1:
             raise ValueError(f"rollout_actors={self.rollout_actors}: need at least one rollout worker")
         self.setup_modules = tuple(self.setup_modules)

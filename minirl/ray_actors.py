@@ -25,6 +25,7 @@ import torch
 from ray.exceptions import RayActorError
 
 from minirl import Rollout, tasks
+from minirl.balancing import predict_lengths
 from minirl.pipeline import COLUMNS, LoopConfig, admit_prompts, learn_on, queue_config
 from minirl.learner import Learner
 from minirl.ray_queue import RayTransferQueue
@@ -86,6 +87,12 @@ class RolloutActor:
         start = time.time()
         self.engine.load_weights(state_dict)
         return start, time.time()
+
+    def predict_lengths(self, draft_tokens: int, *prompts: tuple) -> list[int]:
+        """Draft-predicted completion lengths of ``prompts`` (CompassMax §3.1.1), one batched call.
+        The prompts come as separate arguments so Ray resolves their object refs."""
+        params = prompts[0][2]
+        return predict_lengths(self.engine, [p[1] for p in prompts], params, draft_tokens)
 
     @ray.method(num_returns=2)
     def generate(self, prompt: tuple, version: int) -> tuple[tuple[list[Rollout], int], tuple[float, float]]:
@@ -180,16 +187,18 @@ class RayBackend:
         """Stream step ``step`` through rollout and reward actors until every sample has both."""
         admit_prompts(self.queue, ray.get(self.trainer.problems.remote(step)), step, self.train)
         idle, inflight, loads = list(self.rollout), {}, []
+        pending: list = []  # prompt samples taken from the queue, not yet dispatched
+        predicted: dict[int, int] = {}
         while True:
-            while idle and (got := self.queue.get("rollout", ("prompt",), 1, group=step)):
-                name = idle.pop(0)
-                if self.loaded[name] != version:
-                    loads.append((name, self.rollout[name].load_weights.remote(version, self.weights[version])))
-                    self.loaded[name] = version
-                data, info = self.rollout[name].generate.remote(got[0].data["prompt"], version)
-                inflight[info] = ("rollout", name, got[0].index, data)
+            pending += self.queue.get("rollout", ("prompt",), self.loop.queue_capacity, group=step)
+            self._order(pending, predicted, idle, version, loads)
+            while idle and pending:
+                got, name = pending.pop(0), idle.pop(0)
+                self._load(name, version, loads)
+                data, info = self.rollout[name].generate.remote(got.data["prompt"], version)
+                inflight[info] = ("rollout", name, got.index, data)
                 if self.on_dispatch is not None:
-                    self.on_dispatch(self.rollout[name], [got[0].index])
+                    self.on_dispatch(self.rollout[name], [got.index])
             for x in self.queue.get("reward", ("prompt", "rollouts"), self.train.prompts_per_step, group=step):
                 data, info = self.reward.score.remote(x.data["prompt"], x.data["rollouts"])
                 inflight[info] = ("reward", "reward", x.index, data)
@@ -212,6 +221,27 @@ class RayBackend:
                 self.timeline.add(f"{name} load", *ray.get(ref), step)
             except RayActorError:
                 pass  # that actor died; its replacement loaded the weights again
+
+    def _load(self, name: str, version: int, loads: list) -> None:
+        """Weight sync before the actor's first sample of ``version`` (the load is awaited later)."""
+        if self.loaded[name] != version:
+            loads.append((name, self.rollout[name].load_weights.remote(version, self.weights[version])))
+            self.loaded[name] = version
+
+    def _order(self, pending: list, predicted: dict[int, int], idle: list[str], version: int, loads: list) -> None:
+        """Sort ``pending`` in dispatch order: by sample index (``fifo``), or longest predicted
+        completion first (``longest_first``; new samples are drafted by an idle actor, on the
+        weights of ``version``)."""
+        if self.loop.dispatch == "longest_first":
+            new = [x for x in pending if x.index not in predicted]
+            if new and idle:
+                self._load(idle[0], version, loads)
+                lengths = ray.get(self.rollout[idle[0]].predict_lengths.remote(
+                    self.loop.draft_tokens, *(x.data["prompt"] for x in new)))
+                predicted.update(zip((x.index for x in new), lengths))
+            pending.sort(key=lambda x: (-predicted.get(x.index, 0), x.index))
+        else:
+            pending.sort(key=lambda x: x.index)
 
     def _replace(self, kind: str, name: str, index: int, inflight: dict) -> None:
         consumer = "rollout" if kind == "rollout" else "reward"

@@ -36,6 +36,10 @@ def test_max_staleness_must_be_a_nonnegative_int():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_staleness"):
             LoopConfig(mode="async", max_staleness=bad)
+    with pytest.raises(ValueError, match="dispatch='lpt'; valid: fifo, longest_first"):
+        LoopConfig(mode="ray", dispatch="lpt")
+    with pytest.raises(ValueError, match="draft_tokens=0"):
+        LoopConfig(mode="ray", dispatch="longest_first", draft_tokens=0)
     with pytest.raises(ValueError, match="mode="):
         LoopConfig(mode="fast")
 
