@@ -76,6 +76,8 @@ def plot(ph: dict, measured: float, workers: list[int], ray: dict[int, dict[str,
     if ray:
         ax.scatter(list(ray), [p["measured"] for p in ray.values()], color="C2", marker="s", zorder=3,
                    label="measured on Ray actors (this machine)")
+        ax.scatter(list(ray), [p["cost_model"] for p in ray.values()], facecolors="none", edgecolors="C2",
+                   marker="s", zorder=3, label="cost model, same split of one step's groups")
     ax.axhline(1.59, color="grey", ls="--", lw=1, label="AsyncFlow avg. 1.59x (cluster)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("rollout workers")
