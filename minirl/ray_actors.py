@@ -138,10 +138,12 @@ class TrainerActor:
         resolved = [Sample(s.index, s.group, {c: ray.get(ref) for c, ref in s.data.items()}) for s in samples]
         return learn_on(self.learner, step, resolved, expected)
 
-    def save(self, path: str, step: int, rows: list[dict]) -> None:
+    # not ``save``/``restore``: nnsight, once imported, mounts ``.save`` onto every Python object,
+    # and that attribute would shadow the actor handle's method of the same name
+    def save_checkpoint(self, path: str, step: int, rows: list[dict]) -> None:
         self.learner.save(Path(path), step, rows)
 
-    def restore(self, path: str) -> tuple[int, list[dict]]:
+    def restore_checkpoint(self, path: str) -> tuple[int, list[dict]]:
         return self.learner.restore(Path(path))
 
 
@@ -261,10 +263,10 @@ class RayBackend:
         return {**metrics, "actor_restarts": float(self.restarts)}, hist
 
     def save(self, path: Path, step: int, rows: list[dict]) -> None:
-        ray.get(self.trainer.save.remote(str(path), step, rows))
+        ray.get(self.trainer.save_checkpoint.remote(str(path), step, rows))
 
     def restore(self, path: Path) -> tuple[int, list[dict]]:
-        return ray.get(self.trainer.restore.remote(str(path)))
+        return ray.get(self.trainer.restore_checkpoint.remote(str(path)))
 
     def close(self) -> None:
         """Free this run's actors; the Ray session stays (it may be shared, e.g. by tests)."""
