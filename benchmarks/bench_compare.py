@@ -1,21 +1,32 @@
-"""Throughput of ``aligntools.analyzer.comparison`` in GB/s of captured data (both captures' bytes).
+"""Throughput of ``aligntools.compare`` in GB/s of captured data, against the memory roofline.
 
     .venv/bin/python benchmarks/bench_compare.py [--tokens 4096 --layers 2 --hidden 2048 --vocab 4096 --repeats 3]
 
 Builds a synthetic capture pair in memory (default ~1.1 GB: every per-layer site of a
-``--layers``-layer model of width ``--hidden`` plus logits over ``--vocab``), then times a
-full ``compare`` (all metrics, logits KL/logprobs, divergence) with 1 and 2 worker threads
-and prints the best of ``--repeats``. Goal: >= 1 GB/s on the 2-core CPU box.
+``--layers``-layer model of width ``--hidden`` plus logits over ``--vocab``), then, in the same
+run, measures
+
+- the roofline: a plain reduction (``torch.sum``, and numpy's for one thread) over exactly the
+  bytes compare reads - both captures' arrays - with 1 and 2 threads;
+- a full ``compare`` (all metrics, logits KL/logprobs/top-1, divergence) with ``workers`` 1
+  and 2, and the logits site alone (and the hidden-state sites alone);
+
+and prints each throughput as a percentage of the roofline with the same thread count, best
+of ``--repeats``. The box is shared: the 1-min load average is printed before and after, and
+only same-run ratios mean anything when it is above ~1.2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 import xarray as xr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -24,6 +35,7 @@ import aligntools  # noqa: E402
 from aligntools import sites as S  # noqa: E402
 
 KINDS = ("attn_norm", "q", "k", "v", "attn_out", "resid_mid", "mlp_norm", "mlp_out", "resid_post")
+THREADS = (1, 2)
 
 
 def build_pair(tokens: int, layers: int, hidden: int, vocab: int, seed: int = 0) -> tuple[xr.Dataset, xr.Dataset]:
@@ -47,13 +59,39 @@ def nbytes(*datasets: xr.Dataset) -> int:
     return sum(int(v.nbytes) for ds in datasets for v in ds.data_vars.values())
 
 
-def best_seconds(fn, repeats: int) -> float:
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def bandwidth(datasets: tuple[xr.Dataset, ...], threads: int, repeats: int, engine: str = "torch") -> float:
+    """GB/s of a plain sum over every data variable of ``datasets`` (the bytes compare reads)
+    with ``threads`` threads: the memory roofline compare is measured against."""
+    arrays = [np.asarray(v.values) for ds in datasets for v in ds.data_vars.values()]
+    if engine == "numpy":
+        sec = best_seconds(lambda: [x.sum() for x in arrays], repeats)
+    else:
+        tensors = [torch.from_numpy(x) for x in arrays]
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            sec = best_seconds(lambda: [t.sum() for t in tensors], repeats)
+        finally:
+            torch.set_num_threads(old)
+    return sum(x.nbytes for x in arrays) / sec / 1e9
+
+
+def report(label: str, a: xr.Dataset, b: xr.Dataset, roof: dict[int, float], repeats: int) -> None:
+    """compare(a, b) with 1 and 2 worker threads: GB/s and % of the roofline of that many threads."""
+    size = nbytes(a, b)
+    for workers in THREADS:
+        sec = best_seconds(lambda: aligntools.compare(a, b, workers=workers).first_divergence, repeats)
+        gbs = size / sec / 1e9
+        print(f"{label}, {workers} thread(s): {sec:.3f} s -> {gbs:.2f} GB/s = {gbs / roof[workers]:.0%} of roofline")
 
 
 def main() -> None:
@@ -64,17 +102,18 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
+    print(f"load average (1 min) before: {os.getloadavg()[0]:.2f}")
     a, b = build_pair(args.tokens, args.layers, args.hidden, args.vocab)
-    size = nbytes(a, b)
-    print(f"capture pair: {size / 1e9:.2f} GB, {len(a.data_vars)} sites x {args.tokens} tokens")
-    for workers in (1, 2):
-        sec = best_seconds(lambda: aligntools.compare(a, b, workers=workers).first_divergence, args.repeats)
-        print(f"compare, {workers} worker(s): {sec:.2f} s  ->  {size / sec / 1e9:.2f} GB/s")
-    hidden_only = [s for s in a.data_vars if s != "logits"]
-    sec = best_seconds(lambda: aligntools.compare(a[hidden_only], b[hidden_only]), args.repeats)
-    print(f"  hidden-state sites only: {nbytes(a[hidden_only], b[hidden_only]) / sec / 1e9:.2f} GB/s")
-    sec = best_seconds(lambda: aligntools.compare(a[["logits"]], b[["logits"]]), args.repeats)
-    print(f"  logits only (+ KL, logprobs, top-1): {nbytes(a[['logits']], b[['logits']]) / sec / 1e9:.2f} GB/s")
+    print(f"capture pair: {nbytes(a, b) / 1e9:.2f} GB, {len(a.data_vars)} sites x {args.tokens} tokens, "
+          f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores")
+    roof = {n: bandwidth((a, b), n, args.repeats) for n in THREADS}
+    print(f"roofline (sum over both captures): numpy 1 thread {bandwidth((a, b), 1, args.repeats, 'numpy'):.1f} GB/s, "
+          + ", ".join(f"torch {n} thread(s) {roof[n]:.1f} GB/s" for n in THREADS))
+    hidden = [s for s in a.data_vars if s != "logits"]
+    report("compare, all sites", a, b, roof, args.repeats)
+    report("  logits only (+ KL, logprobs, top-1)", a[["logits"]], b[["logits"]], roof, args.repeats)
+    report("  hidden-state sites only", a[hidden], b[hidden], roof, args.repeats)
+    print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

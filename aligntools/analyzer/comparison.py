@@ -15,6 +15,7 @@ same per-token metrics, so notebooks can ask for any of them (figures: ``alignto
 from __future__ import annotations
 
 import re
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,6 +31,7 @@ from aligntools.analyzer import metrics as M
 from aligntools.analyzer.diagnosis import Finding, diagnose
 from aligntools.analyzer.divergence import GROWTH_THRESHOLD, Divergence, first_divergence, growth
 from aligntools.analyzer.routing_diff import routing_diff
+from aligntools.analyzer.sweep import Rows, disk_budget
 from aligntools.analyzer.token_align import Alignment, next_token_ids
 from aligntools.analyzer.token_align import align as align_tokens
 from aligntools.analyzer.tolerance import Tolerance, coarser
@@ -239,19 +241,29 @@ def _check_same_model(sides: dict[str, xr.Dataset | None]) -> None:
 
 
 def load_capture(path: str | Path) -> xr.Dataset:
-    """A saved capture file as a Dataset (``Capture.load``: validates the format)."""
+    """A saved capture file as a Dataset (``Capture.load``: validates the format), lazily:
+    its site values stay on disk until ``compare`` reads them tile by tile, so a capture
+    larger than memory can be compared. Close it (``ds.close()``) when done."""
     from aligntools.tracker.capture_dataset import Capture
 
-    return Capture.load(path).dataset
+    return Capture.load(path, lazy=True).dataset
 
 
 def as_dataset(x: Any) -> xr.Dataset:
-    """Capture | Dataset | path -> Dataset."""
+    """Capture | Dataset | path -> Dataset (a path is loaded lazily: ``load_capture``)."""
     if isinstance(x, (str, Path)):
         return load_capture(x)
     ds = getattr(x, "dataset", x)
     if not isinstance(ds, xr.Dataset):
         raise TypeError(f"expected a Capture, xarray.Dataset or path, got {type(x).__name__}")
+    return ds
+
+
+def _open(x: Any, opened: ExitStack) -> xr.Dataset:
+    """``as_dataset``; a dataset it opened from a path is closed when ``opened`` exits."""
+    ds = as_dataset(x)
+    if isinstance(x, (str, Path)):
+        opened.callback(ds.close)
     return ds
 
 
@@ -265,22 +277,29 @@ def _dtype(ds: xr.Dataset, site: str) -> str:
     return coarser(ds[site].attrs.get("dtype") or str(ds[site].dtype), ds.attrs.get("dtype"))
 
 
-def _stats(v: xr.DataArray, idx: np.ndarray | None) -> np.ndarray:
+def _stats(v: xr.DataArray, idx: np.ndarray | None, max_memory: int | None) -> np.ndarray:
     """[N, len(STAT_NAMES)] stats of the aligned rows, from a stats-mode site or, with the
-    Tracker's own ``row_stats`` (same formulas, same hash), from a tensor-mode one."""
+    Tracker's own ``row_stats`` (same formulas, same hash), from a tensor-mode one (read
+    from disk in blocks within ``max_memory``: ``sweep.disk_budget``)."""
     if "stat" in v.dims:
         s = v.sel(stat=list(STAT_NAMES)).values if "stat" in v.coords else v.values
         return s if idx is None else s[idx]
-    x = v.values
-    return row_stats(torch.from_numpy(np.ascontiguousarray(x if idx is None else x[idx]))).numpy()
+    blocks = Rows.of(v, idx).blocks(disk_budget(max_memory))
+    return np.concatenate([row_stats(torch.from_numpy(np.ascontiguousarray(x))).numpy() for x in blocks])
 
 
-def _compare_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
-                  next_ids: np.ndarray | None, workers: int | None) -> SiteResult:
+def _site_base(site: str, a: xr.Dataset, b: xr.Dataset) -> dict[str, str]:
+    return {"site": site, "dtype_a": _dtype(a, site), "dtype_b": _dtype(b, site)}
+
+
+def _small_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
+                max_memory: int | None) -> SiteResult | None:
+    """Result of a site that is not two float tensors (stats mode, integer ids, shapes that
+    do not match): small or nothing to read. None for a tensor site (``_compare_sites``)."""
     va, vb = a[site], b[site]
-    base = {"site": site, "dtype_a": _dtype(a, site), "dtype_b": _dtype(b, site)}
+    base = _site_base(site, a, b)
     if "stat" in va.dims or "stat" in vb.dims:
-        rows = M.stats_rows(_stats(va, al.idx_a), _stats(vb, al.idx_b))
+        rows = M.stats_rows(_stats(va, al.idx_a, max_memory), _stats(vb, al.idx_b, max_memory))
         if S.parse(site).kind == "topk_ids":  # stats of expert ids: only equality means something
             return SiteResult(basis="ids", rows={"exact": rows["exact"]},
                               summary={"exact": float(rows["exact"].mean())}, **base)
@@ -290,25 +309,47 @@ def _compare_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
     if va.shape[1:] != vb.shape[1:] or ints[0] != ints[1]:
         return SiteResult(basis="skipped", note=f"not comparable: {va.dtype}{va.shape[1:]} vs "
                           f"{vb.dtype}{vb.shape[1:]}", **base)
-    xa, xb = va.values, vb.values
     if all(ints):
+        xa, xb = va.values, vb.values
         rows = M.topk_rows(*(x if i is None else x[i] for x, i in ((xa, al.idx_a), (xb, al.idx_b))))
         return SiteResult(basis="ids", rows=rows, summary={k: float(v.mean()) for k, v in rows.items()}, **base)
-    sums = M.row_sums(xa, xb, al.idx_a, al.idx_b, workers=workers)
+    return None
+
+
+def _tensor_result(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
+                   out: dict[str, np.ndarray]) -> SiteResult:
+    """Per-token and site metrics of a tensor site from its per-row sums ``out`` [N]: site
+    sums are reductions of the full per-token arrays (``M.aggregate``)."""
+    sums = {k: out[k] for k in M.ROW_SUMS}
     rows, summary = M.derive(sums), {k: float(v) for k, v in M.derive(M.aggregate(sums)).items()}
     summary["n_tokens"] = int(np.count_nonzero(sums["n_valid"]))
     summary["nan_rows"] = _nan_rows(site, a, b, al, rows)
-    if site == "logits" and next_ids is not None:
-        lr = M.logit_rows(xa, xb, next_ids, al.idx_a, al.idx_b, valid=sums["n_valid"] > 0)
+    if M.LOGIT_ROWS[0] in out:
+        lr = M.mask_rows(out, valid=sums["n_valid"] > 0)
         rows.update(lr)
         summary.update(M.logit_summary(lr))
-    return SiteResult(basis="tensor", rows=rows, summary=summary, **base)
+    return SiteResult(basis="tensor", rows=rows, summary=summary, **_site_base(site, a, b))
+
+
+def _compare_sites(sites: list[str], a: xr.Dataset, b: xr.Dataset, al: Alignment, next_ids: np.ndarray | None,
+                   workers: int | None, max_memory: int | None, progress: bool | None) -> dict[str, SiteResult]:
+    """Every site's result, in ``sites`` order. The tensor sites are measured in one sweep
+    over both captures: one pass per site computing every metric, chunks in cache, tiles of
+    all sites on ``workers`` threads, rows on disk read within ``max_memory``."""
+    results = {s: _small_site(s, a, b, al, max_memory) for s in sites}
+    jobs = {s: M.site_job(Rows.of(a[s], al.idx_a), Rows.of(b[s], al.idx_b), next_ids if s == "logits" else None)
+            for s, r in results.items() if r is None}
+    M.run_jobs([job for job, _ in jobs.values()], workers, max_memory, progress)
+    for s, (_, out) in jobs.items():
+        results[s] = _tensor_result(s, a, b, al, out)
+    return results
 
 
 def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | None = None,
             align: str = "strict", tolerance: Tolerance | str | Path | None = None,
             threshold: float = GROWTH_THRESHOLD, workers: int | None = None,
-            labels: tuple[str, str] = ("a", "b"), allow_different_models: bool = False) -> Comparison:
+            labels: tuple[str, str] = ("a", "b"), allow_different_models: bool = False,
+            max_memory: int | None = None, progress: bool | None = None) -> Comparison:
     """Measure capture ``b`` (side under test) against ``a`` (trusted side).
 
     reference: optional higher-precision run of ``a``'s side (e.g. the training engine in
@@ -317,37 +358,46 @@ def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | N
     the per-dtype default floors apply.
     sites: glob pattern(s) restricting the compared sites. align: token alignment mode
     (``aligntools.analyzer.token_align``). tolerance: a Tolerance or a JSON file path. threshold:
-    growth factor for first divergence. workers: threads for the metric kernels.
+    growth factor for first divergence. workers: threads for the metric kernels (default:
+    every core; the numbers do not depend on it).
     allow_different_models: compare captures whose ``model_hash`` differs (e.g. quantized vs
     original weights); by default that raises ``DifferentModelsError``, since activations of
     two different models disagree for reasons no tolerance describes.
+    max_memory: bytes of capture data ``compare`` may hold at once (default 1 GiB). Paths
+    (and lazily loaded captures) are never loaded whole: their rows are read from disk in
+    tiles that fit half of it, the other half is headroom for the per-token results (~0.3 KB
+    per token and site) and each thread's ~3 MiB of scratch. In-memory captures are read
+    in place. progress: a tqdm bar on stderr over the bytes compared (default: shown when
+    reading from disk to a terminal).
     """
-    ds_a, ds_b = as_dataset(a), as_dataset(b)
-    ds_ref = None if reference is None else as_dataset(reference)
-    if not allow_different_models:
-        _check_same_model({labels[0]: ds_a, labels[1]: ds_b, "reference": ds_ref})
-    tol = Tolerance.load(tolerance) if isinstance(tolerance, (str, Path)) else (tolerance or Tolerance())
-    va, vb = _site_vars(ds_a), _site_vars(ds_b)
-    if sites is not None and not [x for x in (sites.split(",") if isinstance(sites, str) else sites) if x.strip()]:
-        raise ValueError(f"sites={sites!r} selects no site; give glob patterns such as 'logits' or "
-                         f"'L*.resid_post', or None for every shared site")
-    if sites is not None:
-        chosen = S.select(sites, S.sort_sites(sorted(set(va) | set(vb))))
-        va, vb = [s for s in va if s in chosen], [s for s in vb if s in chosen]
-    common = S.sort_sites([s for s in va if s in set(vb)])
-    if not common:
-        raise ValueError(f"the captures share no site; a has {va[:6]}..., b has {vb[:6]}...")
-    al = align_tokens(ds_a, ds_b, align)
-    if len(al) == 0:
-        raise ValueError(f"no token of a lines up with one of b (align={align!r})")
-    next_ids = next_token_ids(ds_a, al) if "logits" in common else None
-    results = {s: _compare_site(s, ds_a, ds_b, al, next_ids, workers) for s in common}
-    if ds_ref is not None:
-        ref = compare(ds_ref, ds_a, sites=common, align=align, tolerance=tol, workers=workers,
-                      allow_different_models=True)  # checked above
-        tol = tol.with_noise_floor({s: r.summary["rel_l2"] for s, r in ref.results.items()
-                                    if r.basis in GATED_BASES})
-    return Comparison(results=results, alignment=al, tolerance=tol, routing=routing_diff(ds_a, ds_b, al),
+    with ExitStack() as opened:
+        ds_a, ds_b = _open(a, opened), _open(b, opened)
+        ds_ref = None if reference is None else _open(reference, opened)
+        if not allow_different_models:
+            _check_same_model({labels[0]: ds_a, labels[1]: ds_b, "reference": ds_ref})
+        tol = Tolerance.load(tolerance) if isinstance(tolerance, (str, Path)) else (tolerance or Tolerance())
+        va, vb = _site_vars(ds_a), _site_vars(ds_b)
+        if sites is not None and not [x for x in (sites.split(",") if isinstance(sites, str) else sites) if x.strip()]:
+            raise ValueError(f"sites={sites!r} selects no site; give glob patterns such as 'logits' or "
+                             f"'L*.resid_post', or None for every shared site")
+        if sites is not None:
+            chosen = S.select(sites, S.sort_sites(sorted(set(va) | set(vb))))
+            va, vb = [s for s in va if s in chosen], [s for s in vb if s in chosen]
+        common = S.sort_sites([s for s in va if s in set(vb)])
+        if not common:
+            raise ValueError(f"the captures share no site; a has {va[:6]}..., b has {vb[:6]}...")
+        al = align_tokens(ds_a, ds_b, align)
+        if len(al) == 0:
+            raise ValueError(f"no token of a lines up with one of b (align={align!r})")
+        next_ids = next_token_ids(ds_a, al) if "logits" in common else None
+        results = _compare_sites(common, ds_a, ds_b, al, next_ids, workers, max_memory, progress)
+        if ds_ref is not None:
+            ref = compare(ds_ref, ds_a, sites=common, align=align, tolerance=tol, workers=workers,
+                          allow_different_models=True, max_memory=max_memory, progress=progress)  # checked above
+            tol = tol.with_noise_floor({s: r.summary["rel_l2"] for s, r in ref.results.items()
+                                        if r.basis in GATED_BASES})
+        routing = routing_diff(ds_a, ds_b, al)
+    return Comparison(results=results, alignment=al, tolerance=tol, routing=routing,
                       only_a=tuple(s for s in S.sort_sites(va) if s not in results),
                       only_b=tuple(s for s in S.sort_sites(vb) if s not in results),
                       threshold=threshold, labels=labels)

@@ -1,11 +1,18 @@
-"""Per-token error metrics between two captured tensors, vectorised and chunked.
+"""Per-token error metrics between two captured tensors, in one cache-resident pass per chunk.
 
 Why a two-stage design (row *sums* first, metrics derived after): every metric we report
 (max/mean abs, relative L2, cosine, SQNR, permille error ratio, bf16-ULP distance) is a
-function of a handful of per-row reductions. Computing those reductions once, in float64,
-over cache-sized chunks with preallocated buffers is what makes ``compare`` run at
-~1 GB/s of captured data on one core; per-token and per-site metrics are then cheap
+function of a handful of per-row reductions. ``chunk_metrics`` computes all of them - and,
+for logits, KL, Δlogprob and top-1 from the same float64 rows - in one visit of each chunk
+of rows, with the chunk's float64 scratch in cache (``aligntools.analyzer.sweep`` cuts the
+rows into chunks and runs them on threads); per-token and per-site metrics are then cheap
 functions of the sums (``derive``), and site totals are sums of row sums (``aggregate``).
+
+Why the reductions are the ones they are: per-token values must not move with chunking or
+threads (a rewrite that moves a relative error in its last bit can flip a verdict on its
+limit; ``tests/aligntools/analyzer/test_pinned_metrics.py`` pins them), so every row is
+reduced by the same call on the same float64 row whatever chunk it sits in: BLAS dot
+products, numpy's pairwise row sums, exact maxima and counts.
 
 Conventions: ``a`` is the trusted side (baseline / training engine), ``b`` the side under
 test; relative metrics divide by ``a``. Elements where either side is NaN/Inf are left out
@@ -14,12 +21,13 @@ of the sums and counted separately, so one NaN is a finding, not a poisoned tabl
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
+import math
+from functools import lru_cache, partial
 
 import numpy as np
 
+from aligntools.analyzer import sweep
+from aligntools.analyzer.sweep import Job, Rows
 from aligntools.tracker.stats import STAT_NAMES
 
 PERMILLE = 1e-3
@@ -27,7 +35,11 @@ PERMILLE = 1e-3
 "one-thousandth error ratio", reported here as the fraction that *fails* it)."""
 
 CHUNK_ELEMS = 1 << 16
-"""Elements per chunk: the ~3 MiB workspace stays in cache (L2 + L3 on the 2-core CI box)."""
+"""Elements per chunk: the ~2.9 MiB workspace (45 B per element) stays in L2 + L3 on the
+2-core CI box; smaller chunks pay more for the ~30 numpy calls per chunk than they save
+(measured 1.7 GB/s at 2**15, 2.0 at 2**16, no better above). Keep it: rows whose dot
+product falls back to ``np.einsum`` (widths without a divisor in [256, DOT_BLOCK]) round
+differently when alone in a chunk, so the chunk size is part of the pinned numbers."""
 
 DOT_BLOCK = 8192
 """Longest vector handed to one dot product. numpy's dot calls OpenBLAS, which spreads
@@ -40,49 +52,114 @@ _BF16_ULP = float(1 << 16)  # fp32 ordinals per bf16 ULP (bf16 = top 16 bits of 
 ROW_SUMS = ("sum_d2", "sum_a2", "sum_b2", "sum_ab", "sum_absd", "max_absd", "n_rel",
             "max_ulp", "n_valid", "nonfinite_a", "nonfinite_b", "nonfinite_mismatch",
             "missing_a", "missing_b")
+LOGIT_ROWS = ("kl", "dlogprob", "top1")
 
 
-def _ordinal(x32: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """fp32 values -> monotone integers (as float64): sign-magnitude bits made two's-complement.
+class Workspace:
+    """One thread's scratch for a chunk of rows, grown on demand and reused: fresh
+    temporaries per numpy op go through mmap/munmap and page faults, which cost more than
+    the arithmetic, and reused buffers stay in cache. The views of the last chunk shape are
+    kept: the chunks of a tile share one."""
 
-    Adjacent fp32 values differ by 1, so ``|ord(a) - ord(b)| / 2**16`` is the distance in
-    bf16 ULPs (exact for bf16-representable values, fractional otherwise). ``tmp`` is an
-    int32 buffer of x's shape.
+    def __init__(self) -> None:
+        self._f64 = np.empty(0)
+        self._i32 = np.empty(0, np.int32)
+        self._mask = np.empty(0, bool)
+        self._views: tuple[tuple[int, int], tuple[np.ndarray, ...]] = ((0, 0), ())
+
+    def views(self, rows: int, width: int) -> tuple[np.ndarray, ...]:
+        """A, B, D, T float64, U1, U2, U3 int32 and M bool, each [rows, width]."""
+        if self._views[0] != (rows, width):
+            n = rows * width
+            if self._mask.size < n:
+                self._f64, self._i32, self._mask = np.empty(4 * n), np.empty(3 * n, np.int32), np.empty(n, bool)
+            f64 = [self._f64[i * n:(i + 1) * n].reshape(rows, width) for i in range(4)]
+            i32 = [self._i32[i * n:(i + 1) * n].reshape(rows, width) for i in range(3)]
+            self._views = ((rows, width), (*f64, *i32, self._mask[:n].reshape(rows, width)))
+        return self._views[1]
+
+
+def chunk_metrics(xa: np.ndarray, xb: np.ndarray, ws: Workspace, sl: slice, out: dict[str, np.ndarray],
+                  next_ids: np.ndarray | None = None) -> None:
+    """Fill ``out[*][sl]`` (``ROW_SUMS``, plus ``LOGIT_ROWS`` given ``next_ids`` [N]) for chunk
+    rows ``xa``/``xb`` [r, D] (any float dtype) in one visit: the rows are widened to float64
+    once, into cache-resident scratch that every metric reuses.
+
+    NaN/Inf poison the sums of squares; only then (the rare path) are they located, left
+    out and the sums and ULP distance redone on what is left (``_mask_nonfinite``).
     """
-    i = x32.view(np.int32)
-    np.right_shift(i, 31, out=tmp)
-    np.bitwise_and(tmp, 0x7FFFFFFF, out=tmp)
-    np.bitwise_xor(i, tmp, out=tmp)
-    np.copyto(out, tmp)
+    A, B, D, T, U1, U2, U3, M = ws.views(*xa.shape)
+    out["max_ulp"][sl] = _max_ulp(xa, xb, U1, U2, U3)  # while the captured rows are in cache
+    np.copyto(A, xa)
+    np.copyto(B, xb)
+    np.subtract(B, A, out=D)
+    if next_ids is not None:  # before NaN masking: the distributions are those captured
+        _logit_chunk(A, B, D, T, next_ids[sl], out, sl)
+    out["n_valid"][sl] = xa.shape[1]
+    out["sum_a2"][sl] = a2 = _rowdot(A, A)
+    out["sum_b2"][sl] = b2 = _rowdot(B, B)
+    if not math.isfinite(a2.sum() + b2.sum()):  # sums of squares: finite iff every row's is
+        _mask_nonfinite(A, B, out, sl)
+        np.subtract(B, A, out=D)
+        out["sum_a2"][sl] = _rowdot(A, A)
+        out["sum_b2"][sl] = _rowdot(B, B)
+        out["max_ulp"][sl] = _max_ulp(A, B, U1, U2, U3)
+    out["sum_d2"][sl] = _rowdot(D, D)
+    out["sum_ab"][sl] = _rowdot(A, B)
+    np.abs(D, out=D)
+    out["sum_absd"][sl] = D.sum(axis=1)
+    out["max_absd"][sl] = D.max(axis=1, initial=0.0)
+    np.abs(A, out=T)
+    T *= PERMILLE
+    out["n_rel"][sl] = _row_count(np.greater(D, T, out=M))
+
+
+def _row_count(mask: np.ndarray) -> np.ndarray:
+    """True values per row of a C-contiguous bool array [r, D]. Bools are 0/1 bytes, so
+    the popcount of an 8-byte word is the number of trues in it: 3x faster than summing
+    bools, where rows are whole words."""
+    if mask.shape[1] % 8:
+        return np.add.reduce(mask, axis=1, dtype=np.intp)
+    return np.bitwise_count(mask.view(np.uint64)).sum(axis=1, dtype=np.intp)
+
+
+def _max_ulp(xa: np.ndarray, xb: np.ndarray, U1: np.ndarray, U2: np.ndarray, U3: np.ndarray) -> np.ndarray:
+    """Row max of the bf16-ULP distance of the fp32 values of rows xa, xb [r, D]: the rows
+    themselves when fp32, else rounded to fp32 (exact for fp16, rounds float64) in ``U1``.
+    U1..U3: int32 scratch of the rows' shape."""
+    ua = _ulp_ordinal(_fp32(xa, U1), U2)
+    ub = _ulp_ordinal(_fp32(xb, U1), U3)
+    return _max_distance(ua, ub, U1.view(np.uint32)) / _BF16_ULP
+
+
+def _fp32(x: np.ndarray, buf: np.ndarray) -> np.ndarray:
+    """``x`` itself when fp32 (no copy), else ``x`` rounded to fp32 in int32 scratch ``buf``."""
+    if x.dtype == np.float32:
+        return x
+    out = buf.view(np.float32)
+    np.copyto(out, x, casting="same_kind")
     return out
 
 
-class _Workspace:
-    """Preallocated float64 buffers for one worker: fresh 512 KiB temporaries per numpy op
-    go through mmap/munmap and page faults, which costs more than the arithmetic."""
+def _ulp_ordinal(x32: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """fp32 values -> monotone uint32 ordinals: ``bits ^ 0x80000000`` for x >= +0,
+    ``~bits`` for x <= -0. Adjacent fp32 values differ by 1 (-0 and +0 too), so the distance
+    of two ordinals / 2**16 is the distance in bf16 ULPs (exact for bf16 values, fractional
+    otherwise). ``out``: int32 buffer of x's shape."""
+    bits = x32.view(np.int32)
+    np.right_shift(bits, 31, out=out)  # -1 where negative, else 0
+    np.bitwise_or(out, np.int32(-(1 << 31)), out=out)  # 0xFFFFFFFF or 0x80000000
+    np.bitwise_xor(out, bits, out=out)
+    return out.view(np.uint32)
 
-    def __init__(self, n: int) -> None:
-        self.bufs = [np.empty(n) for _ in range(4)] + [np.empty(n, np.int32)]  # A B D T I32
-        self.bufs += [np.empty(n, np.float32) for _ in range(2)] + [np.empty(n, bool)]
 
-    def views(self, rows: int, width: int) -> tuple[np.ndarray, ...]:
-        n = rows * width
-        return tuple(buf[:n].reshape(rows, width) for buf in self.bufs)
-
-
-def _chunk_sums(a: np.ndarray, b: np.ndarray, ws: _Workspace, out: dict[str, np.ndarray],
-                sl: slice) -> None:
-    """Fill ``out[*][sl]`` for rows ``a``/``b`` (each [r, D], any float dtype)."""
-    rows, width = a.shape
-    A, B, *bufs = ws.views(rows, width)
-    np.copyto(A, a)
-    np.copyto(B, b)
-    out["n_valid"][sl] = width
-    _reduce(A, B, bufs, out, sl)
-    # NaN/Inf poison the sums: only then pay for locating them (the rare path)
-    if not (np.isfinite(out["sum_a2"][sl]).all() and np.isfinite(out["sum_b2"][sl]).all()):
-        _mask_nonfinite(A, B, out, sl)
-        _reduce(A, B, bufs, out, sl)
+def _max_distance(ua: np.ndarray, ub: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Row max of |ua - ub| of uint32 ordinals [r, D], exactly: max - min never wraps.
+    Overwrites ``ub``; ``hi`` is uint32 scratch of the same shape."""
+    np.maximum(ua, ub, out=hi)
+    np.minimum(ua, ub, out=ub)
+    np.subtract(hi, ub, out=ub)
+    return ub.max(axis=1, initial=0)
 
 
 @lru_cache(maxsize=64)
@@ -100,27 +177,6 @@ def _rowdot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if k < 256:  # awkward width (e.g. a large prime): skip BLAS altogether
         return np.einsum("ij,ij->i", x, y)
     return np.vecdot(x.reshape(rows, -1, k), y.reshape(rows, -1, k)).sum(axis=1)
-
-
-def _reduce(A: np.ndarray, B: np.ndarray, bufs: list[np.ndarray], out: dict[str, np.ndarray],
-            sl: slice) -> None:
-    D, T, I32, A32, B32, M = bufs
-    np.subtract(B, A, out=D)
-    out["sum_d2"][sl] = _rowdot(D, D)
-    out["sum_a2"][sl] = _rowdot(A, A)
-    out["sum_b2"][sl] = _rowdot(B, B)
-    out["sum_ab"][sl] = _rowdot(A, B)
-    np.abs(D, out=D)
-    out["sum_absd"][sl] = D.sum(axis=1)
-    out["max_absd"][sl] = D.max(axis=1, initial=0.0)
-    np.abs(A, out=T)
-    T *= PERMILLE
-    out["n_rel"][sl] = np.count_nonzero(np.greater(D, T, out=M), axis=1)
-    np.copyto(A32, A, casting="same_kind")  # exact for fp32 input; rounds float64 input
-    np.copyto(B32, B, casting="same_kind")
-    np.subtract(_ordinal(A32, I32, T), _ordinal(B32, I32, D), out=T)
-    np.abs(T, out=T)
-    out["max_ulp"][sl] = T.max(axis=1, initial=0.0) / _BF16_ULP
 
 
 def _mask_nonfinite(A: np.ndarray, B: np.ndarray, out: dict[str, np.ndarray], sl: slice) -> None:
@@ -146,43 +202,78 @@ def _mask_nonfinite(A: np.ndarray, B: np.ndarray, out: dict[str, np.ndarray], sl
     B[~ok] = 0.0
 
 
-def _rows(x: np.ndarray, idx: np.ndarray | None, start: int, stop: int) -> np.ndarray:
-    return x[start:stop] if idx is None else x[idx[start:stop]]
+def _logit_chunk(A: np.ndarray, B: np.ndarray, D: np.ndarray, T: np.ndarray, next_ids: np.ndarray,
+                 out: dict[str, np.ndarray], sl: slice) -> None:
+    """KL, Δlogprob and top-1 of logit rows A, B [r, V] (float64, as captured), D = B - A.
+
+    kl = KL(softmax a || softmax b); dlogprob = |log p_b(t) - log p_a(t)| for the given next
+    token t (``next_ids`` [r], -1 where unknown -> NaN); top1 = argmax agreement (0/1).
+    The log-softmax is computed once per row block and shared: KL uses sum(p_a) = 1,
+    KL = log Z_b - log Z_a - sum p_a (x_b - x_a), one exp per side; the argmax that gives
+    top-1 also gives the max the exp is shifted by.
+    """
+    top_a, top_b = A.argmax(axis=1), B.argmax(axis=1)  # [r]
+    lzb, _ = _log_partition(B, top_b, T)
+    lza, sa = _log_partition(A, top_a, T)  # T = exp(A - max A) from here on
+    kl = lzb - lza - _rowdot(T, D) / sa
+    bad = ~np.isfinite(kl)  # -inf logits (masked vocab): the elementwise form
+    if bad.any():
+        pa = T[bad] / sa[bad, None]
+        delta = (A[bad] - lza[bad, None]) - (B[bad] - lzb[bad, None])
+        kl[bad] = np.where(pa > 0, pa * delta, 0.0).sum(axis=1)
+    dlp = np.full(len(A), np.nan)
+    r = np.flatnonzero(next_ids >= 0)
+    t = next_ids[r]
+    dlp[r] = np.abs((B[r, t] - lzb[r]) - (A[r, t] - lza[r]))
+    out["kl"][sl], out["dlogprob"][sl], out["top1"][sl] = kl, dlp, top_a == top_b
+
+
+def _log_partition(x: np.ndarray, top: np.ndarray, ez: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [r, V] float64 and its row argmax -> (log Z [r], sum of exp(x - max) [r]), with
+    exp(x - max) left in ``ez``: log p = x - log Z. x[argmax] is the row max (NaN where the
+    row holds a NaN, like ``max``)."""
+    m = x[np.arange(len(x)), top]
+    m[~np.isfinite(m)] = 0.0
+    np.subtract(x, m[:, None], out=ez)
+    np.exp(ez, out=ez)
+    s = ez.sum(axis=1)
+    return m + np.log(s), s
+
+
+def site_job(a: Rows, b: Rows, next_ids: np.ndarray | None = None) -> tuple[Job, dict[str, np.ndarray]]:
+    """The sweep job computing every per-row metric of one site, and the [N] arrays it fills
+    (``ROW_SUMS``, and ``LOGIT_ROWS`` when ``next_ids`` [N] is given: a logits site)."""
+    n = len(a)
+    out = {k: np.zeros(n) for k in ROW_SUMS}
+    if next_ids is not None:
+        out |= {k: np.full(n, np.nan) for k in LOGIT_ROWS}
+    return Job(a, b, partial(chunk_metrics, out=out, next_ids=next_ids)), out
+
+
+def run_jobs(jobs: list[Job], workers: int | None = None, max_memory: int | None = None,
+             progress: bool | None = None) -> None:
+    """Run ``site_job``s in one sweep (``aligntools.analyzer.sweep.run``)."""
+    sweep.run(jobs, Workspace, CHUNK_ELEMS, workers, max_memory, progress)
+
+
+def row_metrics(a: np.ndarray, b: np.ndarray, idx_a: np.ndarray | None = None, idx_b: np.ndarray | None = None,
+                next_ids: np.ndarray | None = None, workers: int | None = None) -> dict[str, np.ndarray]:
+    """Per-row reductions of ``b - a`` over everything after the token dim (``ROW_SUMS``), and
+    with ``next_ids`` the logits metrics (``LOGIT_ROWS``), in one pass.
+
+    a, b: [N_a, ...], [N_b, ...] with equal trailing shape; ``idx_a``/``idx_b`` ([N]) pick
+    and order the aligned rows (None = all rows in order). Returns arrays [N]. ``workers``
+    threads (default: all cores) share the chunks; the values do not depend on it.
+    """
+    job, out = site_job(Rows.of(a, idx_a), Rows.of(b, idx_b), next_ids)
+    run_jobs([job], workers)
+    return out
 
 
 def row_sums(a: np.ndarray, b: np.ndarray, idx_a: np.ndarray | None = None,
              idx_b: np.ndarray | None = None, workers: int | None = None) -> dict[str, np.ndarray]:
-    """Per-row reductions of ``b - a`` over everything after the token dim.
-
-    a, b: [N_a, ...], [N_b, ...] with equal trailing shape; ``idx_a``/``idx_b`` ([N]) pick
-    and order the aligned rows (None = all rows in order). Returns ``ROW_SUMS`` arrays [N].
-    Rows are processed in chunks of ~``CHUNK_ELEMS`` elements by ``workers`` threads (numpy
-    releases the GIL). Default 1: on the shared 2-core box a second thread measured anywhere
-    from 7% slower to 27% faster depending on other jobs' load - it pays only on idle cores.
-    """
-    n = len(a) if idx_a is None else len(idx_a)
-    a2 = a.reshape(len(a), -1)
-    b2 = b.reshape(len(b), -1)
-    width = max(a2.shape[1], 1)
-    out = {k: np.zeros(n) for k in ROW_SUMS}
-    step = max(1, CHUNK_ELEMS // width)
-    starts = range(0, n, step)
-    workers = max(1, min(workers or 1, len(os.sched_getaffinity(0))))
-    blocks = [starts[i::workers] for i in range(workers)]
-
-    def run(block: range) -> None:
-        ws = _Workspace(step * width)
-        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: found and masked after
-            for s in block:
-                e = min(s + step, n)
-                _chunk_sums(_rows(a2, idx_a, s, e), _rows(b2, idx_b, s, e), ws, out, slice(s, e))
-
-    if workers == 1 or len(starts) < 4:
-        run(starts)
-    else:
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(run, blocks))
-    return out
+    """``ROW_SUMS`` arrays [N] of ``row_metrics``."""
+    return row_metrics(a, b, idx_a, idx_b, workers=workers)
 
 
 def derive(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -220,55 +311,21 @@ def aggregate(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 # ---------------------------------------------------------------- logits
 
-LOGIT_CHUNK_ELEMS = 1 << 16  # rows x vocab per chunk: float64 buffers stay in cache
-
-
-def _log_partition(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x [r, V] float64 -> (log Z [r], exp(x - max) [r, V], sum of it [r]): log p = x - log Z."""
-    m = x.max(axis=1)
-    m[~np.isfinite(m)] = 0.0
-    ez = np.exp(x - m[:, None])
-    s = ez.sum(axis=1)
-    return m + np.log(s), ez, s
-
-
 def logit_rows(a: np.ndarray, b: np.ndarray, next_ids: np.ndarray, idx_a: np.ndarray | None = None,
                idx_b: np.ndarray | None = None, valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Distribution metrics per token from logits a, b [N, V] (float64 log-softmax).
+    """Distribution metrics per token from logits a, b [N, V] (``LOGIT_ROWS`` of
+    ``row_metrics``; see ``_logit_chunk``). Rows outside ``valid`` ([N] bool, e.g. not
+    captured on one side) are NaN."""
+    return mask_rows(row_metrics(a, b, idx_a, idx_b, next_ids), valid)
 
-    kl = KL(softmax a || softmax b); dlogprob = |log p_b(t) - log p_a(t)| for the given next
-    token t (``next_ids`` [N], -1 where unknown -> NaN); top1 = argmax agreement (0/1).
-    Rows outside ``valid`` ([N] bool, e.g. not captured on one side) are NaN.
-    KL uses sum(p_a) = 1: KL = log Z_b - log Z_a - sum p_a (x_b - x_a), one exp per side.
-    """
-    n = len(a) if idx_a is None else len(idx_a)
-    vocab = a.shape[1]
-    kl, dlp, top1 = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-    step = max(1, LOGIT_CHUNK_ELEMS // vocab)
-    for s in range(0, n, step):
-        e = min(s + step, n)
-        if valid is not None and not valid[s:e].any():
-            continue
-        xa = _rows(a, idx_a, s, e).astype(np.float64)
-        xb = _rows(b, idx_b, s, e).astype(np.float64)
-        lza, eza, sa = _log_partition(xa)
-        lzb, _, _ = _log_partition(xb)
-        with np.errstate(invalid="ignore"):
-            d = xb - xa
-            kl[s:e] = lzb - lza - _rowdot(eza, d) / sa
-            bad = ~np.isfinite(kl[s:e])  # -inf logits (masked vocab): the elementwise form
-            if bad.any():
-                pa = eza[bad] / sa[bad, None]
-                delta = (xa[bad] - lza[bad, None]) - (xb[bad] - lzb[bad, None])
-                kl[s:e][bad] = np.where(pa > 0, pa * delta, 0.0).sum(axis=1)
-        t = next_ids[s:e]
-        r = np.flatnonzero(t >= 0)
-        dlp[s + r] = np.abs((xb[r, t[r]] - lzb[r]) - (xa[r, t[r]] - lza[r]))
-        top1[s:e] = np.argmax(xa, axis=1) == np.argmax(xb, axis=1)
+
+def mask_rows(out: dict[str, np.ndarray], valid: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The ``LOGIT_ROWS`` of a site's outputs, NaN outside ``valid`` [N] bool (None: all)."""
+    rows = {k: out[k] for k in LOGIT_ROWS}
     if valid is not None:
-        for v in (kl, dlp, top1):
+        for v in rows.values():
             v[~valid] = np.nan
-    return {"kl": kl, "dlogprob": dlp, "top1": top1}
+    return rows
 
 
 def logit_summary(rows: dict[str, np.ndarray]) -> dict[str, float]:

@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--align", default="strict", choices=MODES, help="token alignment mode")
     p.add_argument("--allow-different-models", action="store_true",
                    help="compare captures whose model_hash differs (e.g. quantized vs original weights)")
+    p.add_argument("--max-memory", type=int, default=None, metavar="MiB",
+                   help="read the captures from disk in tiles within this budget (default: 1024 MiB)")
     p.set_defaults(func=run)
     return p
 
@@ -37,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         a, b = load_capture(args.a), load_capture(args.b)
         ref = load_capture(args.reference) if args.reference else None
         cmp = compare(a, b, ref, sites=args.sites, align=args.align, tolerance=args.tolerance,
-                      labels=(args.a, args.b), allow_different_models=args.allow_different_models)
+                      labels=(args.a, args.b), allow_different_models=args.allow_different_models,
+                      max_memory=None if args.max_memory is None else args.max_memory << 20)
     except (FileNotFoundError, CaptureFileError, ValueError, TypeError) as e:
         print(f"mlab diff: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

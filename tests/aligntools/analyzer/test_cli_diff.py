@@ -30,8 +30,9 @@ def test_identical_captures_exit_0(files, capsys):
     assert "no divergence" in out and out.rstrip().endswith("PASS") and "L2.attn_norm" in out
 
 
-def test_divergent_capture_exits_1_with_first_divergence(files, capsys):
-    assert main([str(files["a"]), str(files["bad"]), "--sites", "L2.*,final_norm"]) == 1
+@pytest.mark.parametrize("budget", [[], ["--max-memory", "1"]])  # 1 MiB: many small tiles from disk
+def test_divergent_capture_exits_1_with_first_divergence(files, capsys, budget):
+    assert main([str(files["a"]), str(files["bad"]), "--sites", "L2.*,final_norm", *budget]) == 1
     out = capsys.readouterr().out
     assert "first divergence at L2.attn_norm" in out and "rmsnorm" in out and "L1." not in out
 
