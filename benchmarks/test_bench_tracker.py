@@ -1,15 +1,20 @@
 """pytest-benchmark for the Tracker (``make bench``): plain forward vs stats / tensor capture
-on a zoo model; the overhead ratios of one run are printed by benchmarks/bench_tracker.py."""
+on a zoo model; the overhead ratios of one run are printed by benchmarks/bench_tracker.py
+(smoke-tested here on a toy model)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-import aligntools
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import aligntools  # noqa: E402
+import bench_tracker  # noqa: E402
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,3 +47,12 @@ def test_capture_all_sites(benchmark, model_and_ids, mode):
     model, ids = model_and_ids
     cap = benchmark(lambda: aligntools.capture(model, ids, mode=mode, progress=False))
     assert cap.complete and len(cap.sites) == 53
+
+
+def test_overhead_script_reports_every_variant_and_the_goals(capsys):
+    """benchmarks/bench_tracker.py end to end on a toy model: every variant timed in one run,
+    one goal line per mode naming its bound and the nnsight peer."""
+    ratios = bench_tracker.main(["--hidden", "128", "--layers", "1", "--seq", "16", "--repeats", "1"])
+    assert ratios["plain forward"] == 1.0 and set(bench_tracker.GOALS) <= set(ratios)
+    goals = [line for line in capsys.readouterr().out.splitlines() if line.startswith("goal ")]
+    assert len(goals) == len(bench_tracker.GOALS) and all("nnsight" in line for line in goals)

@@ -133,9 +133,12 @@ class HFAdapter(Adapter):
         def rope_and_emit(q, k, *args, **kwargs):
             q_out, k_out = original(q, k, *args, **kwargs)
             layer = self._attn_layer
-            if layer is not None:  # [B, heads, S, D] -> [B, S, heads*D]
-                self._emit(f"L{layer}.q", q_out.transpose(1, 2).flatten(2))
-                self._emit(f"L{layer}.k", k_out.transpose(1, 2).flatten(2))
+            if layer is not None:
+                for kind, out in (("q", q_out), ("k", k_out)):
+                    # [B, heads, S, D] -> [B, S, heads*D]: a copy (ours to keep) unless S or heads is 1
+                    rows = out.transpose(1, 2).flatten(2)
+                    owned = rows.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+                    self._emit(f"L{layer}.{kind}", rows, owned=owned)
             return q_out, k_out
 
         setattr(mod, ROPE_SYMBOL, rope_and_emit)
@@ -166,7 +169,7 @@ class HFAdapter(Adapter):
     def _emitter(self, site: str) -> Callable[[torch.Tensor], None]:
         return lambda value: self._emit(site, value)
 
-    def _emit(self, site: str, value: object) -> None:
+    def _emit(self, site: str, value: object, owned: bool = False) -> None:
         if self._layout is None or not isinstance(value, torch.Tensor):
             return
         if site not in self._rec.needed:
@@ -176,7 +179,7 @@ class HFAdapter(Adapter):
             self._warn_once(site, f"{site}: output shape {tuple(value.shape)} does not map onto the "
                                   f"{self._layout.batch}x{self._layout.seq} tokens; not captured")
             return
-        self._rec.emit(site, *mapped)
+        self._rec.emit(site, *mapped, owned=owned)
 
     def _emit_routing(self, layer: int, out: object) -> None:
         if isinstance(out, (tuple, list)) and len(out) >= 3 and not out[2].is_floating_point():

@@ -7,6 +7,12 @@ same request, the token at position p+1 (NaN when it is never seen, e.g. the las
 position of a plain forward or the last sampled token of a generate). During decode the
 next token arrives one step later, so the row's log-softmax is kept until then: one
 [vocab] row per request, never the full [tokens, vocab] table.
+
+Why it is written out the way it is: these are the most expensive values the Tracker
+computes (two ``exp`` passes over [tokens, vocab]), inside the engine's forward. On the CPU
+the logits go through in row blocks of a few MiB with one reused scratch block, so no
+[tokens, vocab] temporary is allocated (a fresh one page-faults on every forward); every
+step is the torch call of the plain formula on whole rows, so the values are the same bits.
 """
 
 from __future__ import annotations
@@ -14,35 +20,39 @@ from __future__ import annotations
 import torch
 
 Key = tuple[int, int]  # (request, position)
+_BLOCK = 1 << 20  # logits per row block on the CPU (a 4 MiB float32 scratch, reused)
 
 
 class NextTokenLogprobs:
-    """Computes entropy at once and logprobs as soon as each next token is known."""
+    """Computes entropy at once and logprobs as soon as each next token is known, each only
+    when asked for: the entropy costs a second ``exp`` pass over the logits."""
 
-    def __init__(self) -> None:
+    def __init__(self, logprobs: bool = True, entropy: bool = True) -> None:
+        self.logprobs, self.entropy = logprobs, entropy
         self._pending: dict[Key, tuple[int, torch.Tensor]] = {}  # (r, p+1) -> (row, logp[V])
 
     def on_logits(self, rows: torch.Tensor, keys: list[Key], logits: torch.Tensor,
-                  token_of: dict[Key, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``logits`` [n, V] for capture ``rows`` [n] at ``keys`` -> (logprob [n], entropy [n]).
+                  token_of: dict[Key, int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``logits`` [n, V] for capture ``rows`` [n] at ``keys`` -> (logprob [n], entropy [n]),
+        None for the one not asked for.
 
         ``token_of`` maps every (request, position) seen so far to its token id.
         """
-        x = logits.detach().to(torch.float32)  # [n, V]
-        lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [n, 1]
-        p = torch.exp(x - lse)  # [n, V]
-        # One exp pass for both: H = lse - sum(p * x); log p(t) = x[t] - lse.
-        entropy = (lse[:, 0] - (p * x).sum(-1))  # [n]
-        targets = torch.tensor([token_of.get((r, p_ + 1), -1) for r, p_ in keys], dtype=torch.long)
+        x = logits.detach()  # [n, V], the engine's dtype
+        lse, entropy = _lse_entropy(x, self.entropy)  # [n, 1], [n] or None
+        return (self._logprobs(rows, keys, x, lse, token_of) if self.logprobs else None), entropy
+
+    def _logprobs(self, rows: torch.Tensor, keys: list[Key], x: torch.Tensor, lse: torch.Tensor,
+                  token_of: dict[Key, int]) -> torch.Tensor:
+        """log p(next token) = x[t] - lse [n] of logits ``x`` [n, V], NaN where the next token
+        is not known yet (its row's log-softmax is kept until it is)."""
+        targets = torch.tensor([token_of.get((r, p_ + 1), -1) for r, p_ in keys], dtype=torch.long)  # [n]
         known = targets >= 0
-        lp = torch.full((len(keys),), float("nan"))
-        if bool(known.any()):
-            idx = targets[known, None].to(x.device)
-            lp[known] = (x[known].gather(1, idx) - lse[known])[:, 0].cpu()
+        picked = x.gather(1, targets.clamp(min=0)[:, None].to(x.device)).float() - lse  # [n, 1]
         for i in torch.nonzero(~known)[:, 0].tolist():
             r, p_ = keys[i]
-            self._pending[(r, p_ + 1)] = (int(rows[i]), (x[i] - lse[i]).clone())
-        return lp, entropy.cpu()
+            self._pending[(r, p_ + 1)] = (int(rows[i]), x[i].float() - lse[i])
+        return torch.where(known, picked[:, 0].cpu(), float("nan"))
 
     def on_token(self, key: Key, token_id: int) -> tuple[int, float] | None:
         """A newly seen token at ``key`` resolves the pending row before it: (row, logprob)."""
@@ -51,3 +61,52 @@ class NextTokenLogprobs:
             return None
         row, logp = hit
         return row, float(logp[token_id])
+
+
+def _lse_entropy(logits: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logsumexp [n, 1], entropy [n] on the CPU or None) of ``logits`` [n, V] in float32,
+    H = lse - sum(p * x) with p = exp(x - lse), a row block at a time."""
+    blocks = _row_blocks(logits)
+    scratch = logits.new_empty((max(map(len, blocks)), logits.shape[1]), dtype=torch.float32)  # reused
+    lses, ents = [], []
+    for block in blocks:
+        x = block.to(torch.float32)  # [b, V]
+        lse = _logsumexp(x, scratch[:len(x)])  # [b, 1]
+        lses.append(lse)
+        if entropy:
+            ents.append(lse[:, 0] - _expected_logit(x, lse, scratch[:len(x)]))
+    return torch.cat(lses), torch.cat(ents).cpu() if entropy else None
+
+
+def _row_blocks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``x`` [n, V] as views of about ``_BLOCK`` values each on the CPU, whole elsewhere.
+
+    Never a lone row out of several: torch sums a lone row of 32768+ values in two parallel
+    halves, a different order than the same row among others (other devices pick their
+    reduction order from the shape, hence one block there).
+    """
+    n = len(x)
+    per = max(2, _BLOCK // max(x.shape[1], 1)) if x.is_cpu else n
+    if per >= n:
+        return (x,)
+    sizes = [per] * (n // per) + ([n % per] if n % per else [])
+    if sizes[-1] == 1:
+        sizes[-2:] = [per + 1]
+    return x.split(sizes)
+
+
+def _logsumexp(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """``torch.logsumexp(x, -1, keepdim=True)`` of ``x`` [b, V] -> [b, 1], using ``scratch`` [b, V].
+
+    The same calls in the same order as torch's own (bit-identical, tested), written out so
+    that its [b, V] temporary is the caller's reused block instead of a fresh allocation.
+    """
+    top = x.amax(-1, keepdim=True)  # [b, 1]
+    top.masked_fill_(top.abs() == float("inf"), 0)
+    return torch.sub(x, top, out=scratch).exp_().sum(-1, keepdim=True).log_().add_(top)
+
+
+def _expected_logit(x: torch.Tensor, lse: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """sum(p * x) per row of ``x`` [b, V], p = exp(x - lse), computed in ``scratch`` [b, V]
+    (the elementwise steps of ``(torch.exp(x - lse) * x).sum(-1)`` in place: the same bits)."""
+    return torch.sub(x, lse, out=scratch).exp_().mul_(x).sum(-1)  # [b]

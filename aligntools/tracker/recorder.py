@@ -5,6 +5,11 @@ architecture doc's token layout ([N, ...] flat over tokens + per-token meta). Ev
 here, once: the token row table (one row per (request, position, step)), the token filter,
 tensor vs stats storage, the byte budget, the derived ``logprobs``/``entropy`` sites, and
 streaming finished rows to a store so a long capture does not have to fit in memory.
+
+Why values are buffered the way they are: ``emit`` runs inside the engine's forward, so it
+does only what needs the live tensor. Tensor mode copies it in the engine's dtype (a bf16
+copy is half a float32 one) and widens to float32 / int64 when rows are written; stats mode
+runs ``reduce_rows`` and finishes the stats rows of every site in one batch at flush time.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from tqdm.auto import tqdm
 from aligntools.tracker.store import EMITTED, TOKEN, MemoryStore, Store, VarSpec
 from aligntools.tracker.derived import NextTokenLogprobs
 from aligntools.sites import TOKEN_COORDS, sort_sites, trailing_dims
-from aligntools.tracker.stats import STAT_NAMES, row_stats
+from aligntools.tracker.stats import STAT_NAMES, RowReduction, finish_rows, reduce_rows, row_stats
 from aligntools.tracker.token_meta import TokenMetaLike
 
 DERIVED = ("logprobs", "entropy")
@@ -30,6 +35,9 @@ DERIVED = ("logprobs", "entropy")
 # successor was never seen, which the mask of logits already accounts for.
 MASKED = ("logits", "entropy")
 TokenFilter = Callable[[TokenMetaLike], torch.Tensor]  # -> BoolTensor [N]: which rows to keep
+Chunk = tuple[torch.Tensor, torch.Tensor | RowReduction]  # (capture rows [n], their values or reduction)
+_TORCH_DTYPE = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
+                np.dtype(np.int64): torch.int64}  # stored numpy dtype -> the torch dtype to widen to
 
 
 class CaptureBudgetExceeded(RuntimeError):
@@ -58,15 +66,19 @@ class Recorder:
         self.token_filter = token_filter
         self.flush_bytes = math.inf if flush_bytes is None else flush_bytes
         self.notes: list[str] = []
-        self._derive = NextTokenLogprobs() if self.sites & set(DERIVED) else None
+        wanted = [d in self.sites for d in DERIVED]  # logprobs, entropy
+        self._derive = NextTokenLogprobs(*wanted) if any(wanted) else None
+        # what an adapter must emit: the selected sites, plus ``logits`` for derived ones
+        self.needed = frozenset((self.sites - set(DERIVED)) | ({"logits"} if self._derive else set()))
         self._specs: dict[str, VarSpec] = {
             c: VarSpec((TOKEN,), np.dtype(np.int64)) for c in TOKEN_COORDS}
         self._specs.update({EMITTED + s: VarSpec((TOKEN,), np.dtype(np.int8)) for s in self.sites & set(MASKED)})
         self._dim_sizes: dict[str, int] = {}
+        self._n_trailing: dict[str, int] = {}  # site -> number of dims after token
         self._keys: dict[tuple[int, int, int], int] = {}
         self._token_of: dict[tuple[int, int], int] = {}
         self._coords: dict[str, list[int]] = {c: [] for c in TOKEN_COORDS}
-        self._buffer: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._buffer: dict[str, list[Chunk]] = {}
         self._late: dict[str, list[tuple[int, float]]] = {}
         self._buffered_bytes = 0
         self._stored_bytes = 0
@@ -85,18 +97,13 @@ class Recorder:
 
     # ---- what adapters call -------------------------------------------------------------
 
-    @property
-    def needed(self) -> set[str]:
-        """Sites an adapter must emit: the selected ones, plus ``logits`` for derived ones."""
-        return (self.sites - set(DERIVED)) | ({"logits"} if self._derive else set())
-
     def begin_call(self) -> None:
         """A new engine call: its request indices start after every earlier call's."""
         self._req_offset = self._n_requests
         self._call += 1
         self._meta_cache = None
-        if self._derive:
-            self._derive = NextTokenLogprobs()  # earlier calls' last rows never get a next token
+        if self._derive:  # earlier calls' last rows never get a next token
+            self._derive = NextTokenLogprobs(self._derive.logprobs, self._derive.entropy)
 
     def forward_boundary(self) -> None:
         """A new forward starts: every row seen so far is complete and may be flushed.
@@ -108,8 +115,10 @@ class Recorder:
         self._done = len(self._coords["step"])
         self._maybe_flush()
 
-    def emit(self, site: str, value: torch.Tensor, meta: TokenMetaLike) -> None:
-        """Record ``value`` [N, ...] (the engine's dtype, N = len(meta.request))."""
+    def emit(self, site: str, value: torch.Tensor, meta: TokenMetaLike, *, owned: bool = False) -> None:
+        """Record ``value`` [N, ...] (the engine's dtype, N = len(meta.request)). ``owned``: the
+        adapter made ``value`` for this call and the engine holds no reference to it, so tensor
+        mode keeps it as it is instead of copying it."""
         if self._call < 0:
             self.begin_call()
         keep, rows, keys = self._rows(meta)
@@ -119,11 +128,10 @@ class Recorder:
         if keep is not None:
             v = v[keep.to(v.device)]
         if site in self.sites:
-            self._store(site, rows, v, copy=keep is None)
+            self._store(site, rows, v, copy=keep is None and not owned)
         if site == "logits" and self._derive is not None:
-            lp, ent = self._derive.on_logits(rows, keys, v, self._token_of)
-            for name, val in (("logprobs", lp), ("entropy", ent)):
-                if name in self.sites:
+            for name, val in zip(DERIVED, self._derive.on_logits(rows, keys, v, self._token_of)):
+                if val is not None:
                     self._store(name, rows, val, copy=False, dtype_attr="float32")
 
     def finish(self, attrs: dict, complete: bool) -> None:
@@ -141,7 +149,7 @@ class Recorder:
         """(kept local indices or None for all, capture rows [n], (request, position) keys)."""
         cache = self._meta_cache
         if cache is not None and cache[0] is meta:
-            return cache[1], cache[2], cache[3]
+            return cache[1:]
         request = (meta.request.cpu() + self._req_offset).tolist()
         position = meta.position.cpu().tolist()
         token = meta.token_id.cpu().tolist()
@@ -151,34 +159,45 @@ class Recorder:
         if self.token_filter is not None:
             mask = torch.as_tensor(self.token_filter(meta), dtype=torch.bool).cpu()
             keep = torch.nonzero(mask)[:, 0]
-        for r, p, t in zip(request, position, token):
-            if (r, p) not in self._token_of:
-                self._token_of[(r, p)] = t
-                self._resolve_late(r, p, t)
-        idx = range(len(request)) if keep is None else keep.tolist()
+        self._learn_tokens(list(zip(request, position)), token)
         if self._step_flush and (self._call, step) != self._step_key:
             self._step_key = (self._call, step)
             self._done = len(self._coords["step"])
             self._maybe_flush()
-        rows, keys = [], []
-        for i in idx:
-            key = (request[i], position[i], step)
-            row = self._keys.get(key)
-            if row is None:
-                row = self._keys[key] = len(self._coords["step"])
-                for name, val in zip(TOKEN_COORDS, (token[i], position[i], request[i], step)):
-                    self._coords[name].append(val)
-                self._bar.update(1)
-            rows.append(row)
-            keys.append((request[i], position[i]))
+        idx = range(len(request)) if keep is None else keep.tolist()
+        keys = [(request[i], position[i]) for i in idx]
+        rows = self._row_ids(keys, [token[i] for i in idx], step)
         out = (keep, torch.tensor(rows, dtype=torch.long), keys)
         self._meta_cache = (meta, *out)
         return out
 
-    def _resolve_late(self, request: int, position: int, token: int) -> None:
-        if self._derive is None or "logprobs" not in self.sites:
-            return
-        hit = self._derive.on_token((request, position), token)
+    def _learn_tokens(self, keys: list[tuple[int, int]], tokens: list[int]) -> None:
+        """Remember the first token seen at each (request, position); a new one may resolve
+        the pending logprob of the row before it."""
+        resolve = self._derive is not None and self._derive.logprobs
+        for key, token in zip(keys, tokens):
+            if key not in self._token_of:
+                self._token_of[key] = token
+                if resolve:
+                    self._resolve_late(key, token)
+
+    def _row_ids(self, keys: list[tuple[int, int]], tokens: list[int], step: int) -> list[int]:
+        """The capture row of each (request, position) at ``step``; unseen ones get new rows
+        (one row per (request, position, step), so ``len(self._keys)`` is the row count)."""
+        rows, fresh = [], []
+        first_new = len(self._keys)
+        for (request, position), token in zip(keys, tokens):
+            row = self._keys.setdefault((request, position, step), len(self._keys))
+            if row == first_new + len(fresh):  # just added
+                fresh.append((token, position, request, step))
+            rows.append(row)
+        for name, values in zip(TOKEN_COORDS, zip(*fresh)):
+            self._coords[name].extend(values)
+        self._bar.update(len(fresh))
+        return rows
+
+    def _resolve_late(self, key: tuple[int, int], token: int) -> None:
+        hit = self._derive.on_token(key, token)
         if hit is not None:
             self._late.setdefault("logprobs", []).append(hit)
 
@@ -191,26 +210,29 @@ class Recorder:
         if site not in self._specs:
             self._specs[site] = self._spec(site, v, dtype_attr or str(v.dtype).removeprefix("torch."))
         if self.mode == "stats":
-            data = row_stats(v).cpu()  # [n, 8] float64
-        else:
-            target = torch.int64 if not v.is_floating_point() else torch.float32
-            data = v.reshape(v.shape[0], *self._trailing(site, v)).to("cpu", target, copy=copy)
-        self._stored_bytes += data.nbytes
-        self._buffered_bytes += data.nbytes
+            data = reduce_rows(v)  # finished into [n, 8] float64 rows at flush
+        else:  # the engine's dtype on the CPU; widened when written
+            data = v.reshape(len(v), *self._trailing(site, v)).to("cpu", copy=copy)
+        nbytes = self._nbytes(data)
+        self._stored_bytes += nbytes
+        self._buffered_bytes += nbytes
         self._buffer.setdefault(site, []).append((rows, data))
 
-    def _nbytes(self, v: torch.Tensor) -> int:
-        """Bytes ``v`` will take once stored (checked before anything is allocated)."""
+    def _nbytes(self, v: torch.Tensor | RowReduction) -> int:
+        """Bytes ``v`` [n, ...] takes once stored (float32 / int64 values, or float64 stats
+        rows), whatever it takes while buffered; checked before anything is allocated."""
         if self.mode == "stats":
-            return v.shape[0] * len(STAT_NAMES) * 8
+            return len(v) * len(STAT_NAMES) * 8
         return v.numel() * (4 if v.is_floating_point() else 8)
 
     def _trailing(self, site: str, v: torch.Tensor) -> tuple[int, ...]:
         """Trailing shape matching the site's dims (extra dims are flattened into one)."""
-        n_dims = len(trailing_dims(site))
+        n_dims = self._n_trailing.get(site)
+        if n_dims is None:
+            n_dims = self._n_trailing[site] = len(trailing_dims(site))
         if n_dims == 0:
             return ()
-        return (*v.shape[1:n_dims], int(np.prod(v.shape[n_dims:], dtype=np.int64)))
+        return (*v.shape[1:n_dims], math.prod(v.shape[n_dims:]))
 
     def _spec(self, site: str, v: torch.Tensor, dtype_attr: str) -> VarSpec:
         attrs = {"dtype": dtype_attr}
@@ -264,6 +286,8 @@ class Recorder:
             self._stat_written = True
         if hi <= lo:
             return
+        if self.mode == "stats":
+            self._finish_stats()
         block = {c: np.asarray(vals[lo:hi], dtype=np.int64) for c, vals in self._coords.items()}
         for site in self.sites & set(MASKED):
             block[EMITTED + site] = np.zeros(hi - lo, dtype=np.int8)
@@ -272,7 +296,7 @@ class Recorder:
             if not now:
                 continue
             self._buffer[site] = [(r, d) for r, d in chunks if int(r[0]) >= hi]
-            self._buffered_bytes -= sum(d.nbytes for _, d in now)
+            self._buffered_bytes -= sum(self._nbytes(d) for _, d in now)
             block[site] = self._block(self._specs[site], now, lo, hi)
             if site in MASKED:
                 for rows, _ in now:
@@ -284,17 +308,27 @@ class Recorder:
             self.store.write_rows(site, np.array([r for r, _ in hits]),
                                   np.stack([self._late_value(v) for _, v in hits]))
 
+    def _finish_stats(self) -> None:
+        """Every buffered ``RowReduction`` becomes its stats rows, all sites in one batch."""
+        pending = [(chunks, i) for chunks in self._buffer.values() for i, (_, data) in enumerate(chunks)
+                   if isinstance(data, RowReduction)]
+        done = finish_rows([chunks[i][1] for chunks, i in pending]) if pending else []
+        for (chunks, i), stats in zip(pending, done):
+            chunks[i] = (chunks[i][0], stats)
+
     @staticmethod
-    def _block(spec: VarSpec, chunks: list[tuple[torch.Tensor, torch.Tensor]], lo: int, hi: int) -> np.ndarray:
-        """Rows lo..hi of one variable from its chunks; zero-copy when one chunk covers them
-        in order (the usual case: a site emitted once per step for all of its rows)."""
+    def _block(spec: VarSpec, chunks: list[Chunk], lo: int, hi: int) -> np.ndarray:
+        """Rows lo..hi of one variable from its chunks, in the stored dtype; no further copy
+        when one chunk covers them in order (the usual case: a site emitted once per step for
+        all of its rows) and already has that dtype."""
+        target = _TORCH_DTYPE[spec.dtype]
         if len(chunks) == 1:
             rows, data = chunks[0]
             if len(rows) == hi - lo and torch.equal(rows, torch.arange(lo, hi)):
-                return data.numpy()
+                return data.to(target).numpy()
         arr = np.full((hi - lo, *chunks[0][1].shape[1:]), spec.fill, dtype=spec.dtype)
         for rows, data in chunks:
-            arr[rows.numpy() - lo] = data.numpy()
+            arr[rows.numpy() - lo] = data.to(target).numpy()
         return arr
 
     def _patch_late(self, block: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, list]:

@@ -6,12 +6,20 @@ The ``hash`` column makes bit-equality checkable without the tensor: two rows wi
 same float32 bytes get the same hash on any machine, in any summation order.
 
 Why it is written the way it is: stats mode runs on every site of every forward, so its
-cost is the Tracker's overhead. Each stat is one vectorised pass over the captured tensor
-with no float64 copy of it: min/max in float32 (exact), the two float64 sums
-in cache-sized row blocks, the hash as an exact int8 matrix product.
+cost is the Tracker's overhead, and that cost is per pass over the tensor and per torch
+call (on CPU a parallel call can wait for a worker thread). So the work is split in two.
+``reduce_rows`` reads the tensor, in the hook while it exists, in a handful of calls:
+min/max in float32 (exact), one float64 copy per cache-sized row block feeding both
+float64 sums (no float64 copy of the whole tensor), and the hash as an exact int8 matrix
+product. ``finish_rows`` does the per-row arithmetic on what was read (amax, the hash's
+modular fold, the stat columns) once per flush, for every site in one batch of calls.
+``row_stats`` is both, for one tensor.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 
@@ -21,12 +29,27 @@ _BLOCK = 1 << 18  # elements per float64-summed block on CPU (a 2 MiB temporary)
 _LANES = 8  # int32 lane sums per row folded into the hash
 _CHUNK = 1 << 17  # bytes per product: 2**17 terms of |byte * weight| <= 128 * 127 stay below 2**31
 _P1, _P2 = 2_147_483_647, 2_097_143  # primes below 2**31 and 2**21: 31 + 21 = 52 hash bits
-_weights_cache: dict[tuple[int, int, str], torch.Tensor] = {}
+_weights_cache: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 _FOLD = torch.randint(1, _P2, (2, _LANES), generator=torch.Generator().manual_seed(0xF01D))  # [2, lanes]
 
 
+@dataclass(frozen=True)
+class RowReduction:
+    """What ``reduce_rows`` read from a tensor of N rows, for ``finish_rows`` to complete."""
+
+    mn: torch.Tensor  # [N] float32 (float64 when the rows hold NaN/inf)
+    mx: torch.Tensor  # [N]
+    mean: torch.Tensor  # [N] float64
+    l2: torch.Tensor  # [N] float64
+    lanes: torch.Tensor  # [N, lanes] int32/int64: the hash's exact lane sums
+    masked: torch.Tensor | None = None  # [N, 3] float64 (amax, n_nan, n_inf) when some entry is NaN/inf
+
+    def __len__(self) -> int:
+        return len(self.mean)
+
+
 def row_stats(x: torch.Tensor) -> torch.Tensor:
-    """Summaries of each row of ``x`` [N, ...] -> float64 [N, len(STAT_NAMES)].
+    """Summaries of each row of ``x`` [N, ...] -> float64 [N, len(STAT_NAMES)] (on the CPU).
 
     Values are widened to float32 (the capture's storage dtype), so a stats capture equals
     the stats of the matching tensor capture. ``min/max/mean/l2/amax`` are over the finite
@@ -34,37 +57,67 @@ def row_stats(x: torch.Tensor) -> torch.Tensor:
     accumulated in float64 (relative error ~1e-16 * sqrt(D)). Integer sites (``topk_ids``)
     are summarised as values and hashed as int64.
     """
-    rows = x.detach().reshape(x.shape[0], -1)  # [N, D]
-    flt = rows.to(torch.float32)  # no copy for float32
-    n = flt.shape[1]
-    # separate amin/amax: torch.aminmax is ~50x slower on CPU; both propagate NaN, so NaN/inf show here
-    mn, mx = (flt.amin(1).double(), flt.amax(1).double()) if n else (flt.sum(1).double(),) * 2  # [N] each
-    if bool(torch.isfinite(mn).all() and torch.isfinite(mx).all()):
-        total, l2 = _sum_l2(flt)
-        mean = total / n
-        n_nan = n_inf = torch.zeros(len(flt), dtype=torch.float64, device=flt.device)
-    else:
-        mn, mx, mean, l2, n_nan, n_inf = _masked_stats(flt)
-    amax = torch.maximum(mx.abs(), mn.abs())
-    store = flt if rows.is_floating_point() else rows.to(torch.int64)
-    return torch.stack([mn, mx, mean, l2, amax, n_nan, n_inf, row_hash(store)], dim=1)
+    return finish_rows([reduce_rows(x)])[0]
+
+
+def reduce_rows(x: torch.Tensor) -> RowReduction:
+    """The part of ``row_stats`` that reads ``x`` [N, ...]: a few vectorised passes on its
+    device, and one host sync (is every entry finite?)."""
+    rows = x.detach() if x.dim() == 2 else x.detach().reshape(x.shape[0], -1)  # [N, D]
+    flt = rows if rows.dtype == torch.float32 else rows.to(torch.float32)
+    lanes = hash_lanes(flt if rows.is_floating_point() else rows.to(torch.int64))
+    # separate amin/amax: torch.aminmax is ~50x slower on CPU; both refuse empty rows
+    mn, mx = (flt.amin(1), flt.amax(1)) if flt.shape[1] else (flt.sum(1),) * 2  # [N] each
+    total, l2 = _sum_l2(flt)
+    # float64 sums of float32 values cannot overflow: a non-finite total means NaN/inf entries
+    if math.isfinite(total.sum().item()):
+        return RowReduction(mn, mx, total / flt.shape[1], l2, lanes)
+    mn, mx, mean, l2, masked = _masked_stats(flt)
+    return RowReduction(mn, mx, mean, l2, lanes, masked)
+
+
+def finish_rows(parts: list[RowReduction]) -> list[torch.Tensor]:
+    """float64 [len(part), len(STAT_NAMES)] stats rows of each reduction, on the CPU.
+
+    All parts are finished together (a flush finishes every site's rows), so the per-row
+    arithmetic costs a fixed number of torch calls however many sites were captured.
+    """
+    mn, mx, mean, l2 = (_cat_cpu([getattr(p, name) for p in parts]).double() for name in ("mn", "mx", "mean", "l2"))
+    zero = torch.zeros_like(mn)
+    tail = torch.stack([torch.maximum(mx.abs(), mn.abs()), zero, zero], dim=1)  # [sum N, 3]: amax, n_nan, n_inf
+    start = 0
+    for p in parts:
+        if p.masked is not None:  # rows with NaN/inf: summaries of their finite entries
+            tail[start:start + len(p)] = p.masked.cpu()
+        start += len(p)
+    hashes = _fold(_cat_cpu([p.lanes for p in parts]))  # [sum N]
+    stats = torch.cat([torch.stack([mn, mx, mean, l2], dim=1), tail, hashes[:, None]], dim=1)  # [sum N, 8]
+    return list(stats.split([len(p) for p in parts]))
+
+
+def _cat_cpu(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t if t.is_cpu else t.cpu() for t in tensors])
 
 
 def _sum_l2(flt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum, l2 norm) of each row of float32 ``flt`` [N, D], accumulated in float64.
 
-    On CPU in row blocks of about ``_BLOCK`` elements: torch widens to a float64 temporary,
-    and one of 32 MiB or more is a fresh mmap that page-faults on every call (6-15x slower).
+    One float64 copy of each row block feeds both reductions. On CPU the blocks are about
+    ``_BLOCK`` elements: a float64 copy of 32 MiB or more is a fresh mmap that page-faults
+    on every call (6-15x slower), a 2 MiB one is reused from the heap and stays in cache.
     Other devices reduce the tensor in one go.
     """
-    per = max(1, _BLOCK // max(flt.shape[1], 1)) if flt.device.type == "cpu" else max(len(flt), 1)
-    blocks = flt.split(per)  # views, [<=per, D] each
-    return (torch.cat([b.sum(1, dtype=torch.float64) for b in blocks]),
-            torch.cat([torch.linalg.vector_norm(b, dim=1, dtype=torch.float64) for b in blocks]))
+    per = max(1, _BLOCK // max(flt.shape[1], 1)) if flt.is_cpu else max(len(flt), 1)
+    if per >= len(flt):
+        wide = flt.double()  # [N, D]
+        return wide.sum(1), torch.linalg.vector_norm(wide, dim=1)
+    sums, norms = zip(*(_sum_l2(block) for block in flt.split(per)))  # views, [per, D] each
+    return torch.cat(sums), torch.cat(norms)
 
 
 def _masked_stats(flt: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The slow path for rows holding NaN/inf: summaries over the finite entries."""
+    """The slow path for rows holding NaN/inf: summaries over the finite entries, as
+    (mn, mx, mean, l2, [N, 3] amax / n_nan / n_inf)."""
     wide = flt.double()
     nan, inf = torch.isnan(wide), torch.isinf(wide)
     finite = ~(nan | inf)
@@ -74,7 +127,9 @@ def _masked_stats(flt: torch.Tensor) -> tuple[torch.Tensor, ...]:
     mn = torch.where(none, torch.nan, torch.where(finite, wide, torch.inf).amin(1))
     mx = torch.where(none, torch.nan, torch.where(finite, wide, -torch.inf).amax(1))
     l2 = torch.where(none, torch.nan, torch.linalg.vector_norm(zeroed, dim=1))
-    return mn, mx, zeroed.sum(1) / cnt, l2, nan.sum(1).double(), inf.sum(1).double()
+    amax = torch.maximum(mx.abs(), mn.abs())  # here, on [N]: NaN rows keep the payload they always had
+    masked = torch.stack([amax, nan.sum(1).double(), inf.sum(1).double()], dim=1)
+    return mn, mx, zeroed.sum(1) / cnt, l2, masked
 
 
 def row_hash(rows: torch.Tensor) -> torch.Tensor:
@@ -87,31 +142,50 @@ def row_hash(rows: torch.Tensor) -> torch.Tensor:
     lanes are folded into two random linear combinations modulo the primes below 2**31
     and 2**21 (31 + 21 bits): rows that differ collide with probability ~2**-52.
     """
+    return _fold(hash_lanes(rows).cpu())
+
+
+def hash_lanes(rows: torch.Tensor) -> torch.Tensor:
+    """The exact lane sums of ``row_hash``: [N, lanes], int32 when a row is one chunk."""
     data = rows.contiguous().view(torch.int8)  # [N, B]
-    lanes = torch.zeros(len(data), _LANES, dtype=torch.int64, device=data.device)
-    for lo in range(0, data.shape[1], _CHUNK):
-        chunk = data[:, lo:lo + _CHUNK]
-        lanes += _int8_matmul(chunk, _weights(chunk.shape[1], lo, chunk.device))
-    fold = _FOLD.to(lanes.device)
-    h1 = ((lanes % _P1) * fold[0]).sum(1) % _P1  # terms < 2**52: no int64 overflow
-    h2 = ((lanes % _P2) * fold[1]).sum(1) % _P2
+    width = data.shape[1]
+    if 0 < width <= _CHUNK:
+        return _int8_matmul(data, _weights(width, 0, data.device))
+    parts = [_int8_matmul(data[:, lo:lo + _CHUNK], _weights(min(_CHUNK, width - lo), lo, data.device))
+             for lo in range(0, width, _CHUNK)]  # [N, lanes] each
+    return torch.stack(parts).to(torch.int64).sum(0) if parts else data.new_zeros(len(data), _LANES, dtype=torch.int64)
+
+
+def _fold(lanes: torch.Tensor) -> torch.Tensor:
+    """Lane sums [N, lanes] -> the 52-bit hash as float64 [N] (CPU).
+
+    (sum of lane * weight) mod P is the same residue with or without reducing each lane mod
+    P first; lanes of one chunk (|lane| < 2**31) are used as they are, which saves the
+    integer divisions (the costly part), and only longer rows' lanes are reduced first.
+    Either way every term is below 2**52 and the sum of 8 cannot overflow int64.
+    """
+    short = lanes.dtype == torch.int32 or len(lanes) == 0 or int(lanes.abs().max()) < 1 << 31
+    lanes = lanes.to(torch.int64)
+    h1 = ((lanes if short else lanes % _P1) * _FOLD[0]).sum(1) % _P1
+    h2 = ((lanes if short else lanes % _P2) * _FOLD[1]).sum(1) % _P2
     return ((h1 << 21) | h2).to(torch.float64)
 
 
 def _int8_matmul(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``a`` [N, K] int8 @ ``w`` [K, L] int8 -> int64 [N, L], exact for the chunk bound.
+    """``a`` [N, K] int8 @ ``w`` [K, L] int8 -> integer [N, L], exact for the chunk bound.
 
-    CPU has an int8 GEMM with int32 accumulation (``torch._int_mm``); other devices get
-    the same integers from a float64 product (every partial sum is an integer < 2**53).
+    CPU has an int8 GEMM with int32 accumulation (``torch._int_mm``, exact below 2**31);
+    other devices get the same integers from a float64 product (every partial sum is an
+    integer < 2**53).
     """
     if a.device.type == "cpu":
-        return torch._int_mm(a, w).to(torch.int64)
+        return torch._int_mm(a, w)
     return (a.to(torch.float64) @ w.to(torch.float64)).to(torch.int64)
 
 
 def _weights(width: int, offset: int, device: torch.device) -> torch.Tensor:
     """Fixed pseudo-random int8 weights in ±[1, 127] for the bytes ``offset..offset+width``."""
-    key = (width, offset, str(device))
+    key = (width, offset, device)
     if key not in _weights_cache:
         gen = torch.Generator().manual_seed(0x5EED + offset)
         mag = torch.randint(1, 128, (width, _LANES), generator=gen)

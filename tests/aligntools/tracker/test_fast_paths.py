@@ -1,0 +1,128 @@
+"""The Tracker's fast paths give the values of the straightforward formulas, bit for bit.
+
+Stats are reduced in the hook and finished in one batch per flush, the derived sites run in
+row blocks with torch's logsumexp steps written out, and tensor captures keep the engine's
+dtype until written (and skip copies of what the adapter made): each is checked against the
+formula it replaces, on every byte (NaN payloads included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+import aligntools
+from aligntools.tracker import stats
+from aligntools.tracker.derived import NextTokenLogprobs, _logsumexp
+from aligntools.tracker.recorder import CaptureBudgetExceeded, Recorder
+from aligntools.tracker.store import MemoryStore
+from aligntools.tracker.token_meta import TokenMeta
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a float tensor as integers: equality that also sees NaN payloads."""
+    return t.contiguous().view({torch.float32: torch.int32, torch.float64: torch.int64}[t.dtype])
+
+
+def awkward_rows() -> list[torch.Tensor]:
+    """Rows of every kind stats mode meets: wide, narrow, several hash chunks, NaN/inf, ints, bf16."""
+    g = torch.Generator().manual_seed(3)
+    blown = torch.randn(37, 20, generator=g)
+    blown[::3] = float("nan")
+    blown[1::5, 2] = float("inf")
+    return [torch.randn(64, 4096, generator=g), torch.randn(5, 3, 7, generator=g), blown,
+            torch.randn(2, 40_000, generator=g) * 1e30, torch.randn(9, 300, generator=g).bfloat16(),
+            torch.randint(0, 1 << 40, (9, 4), generator=g), torch.randint(0, 9, (6, 2), dtype=torch.int32),
+            torch.randn(4, 0)]
+
+
+def test_stats_finished_in_one_batch_equal_row_stats_of_each_tensor():
+    xs = awkward_rows()
+    batched = stats.finish_rows([stats.reduce_rows(x) for x in xs])
+    for x, got in zip(xs, batched):
+        assert torch.equal(bits(got), bits(stats.row_stats(x))), tuple(x.shape)
+
+
+def test_hash_fold_skips_the_lane_reduction_only_where_it_cannot_matter():
+    g = torch.Generator().manual_seed(5)
+    lanes = torch.randint(-(1 << 31), 1 << 31, (50, 8), generator=g)  # one chunk's range
+    wide = lanes * 300  # several chunks' range: reduced before the products
+    for x in (lanes, wide, lanes.to(torch.int32)):
+        x64 = x.to(torch.int64)
+        h1 = ((x64 % stats._P1) * stats._FOLD[0]).sum(1) % stats._P1
+        h2 = ((x64 % stats._P2) * stats._FOLD[1]).sum(1) % stats._P2
+        assert torch.equal(stats._fold(x), ((h1 << 21) | h2).double())
+
+
+def test_logsumexp_written_out_is_torch_logsumexp():
+    g = torch.Generator().manual_seed(7)
+    for shape in [(1, 151_936), (7, 50_257), (33, 1000), (2, 40_000)]:
+        x = torch.randn(*shape, generator=g) * 20
+        if shape[0] > 2:
+            x[0] = -float("inf")
+            x[1, 3] = float("inf")
+            x[2, 5] = float("nan")
+        got = _logsumexp(x, torch.empty_like(x))
+        assert torch.equal(bits(got), bits(torch.logsumexp(x, -1, keepdim=True))), shape
+
+
+@pytest.mark.parametrize("n, vocab", [(6, 1001), (53, 40_000), (300, 8192), (1, 70_000)])
+def test_logprobs_and_entropy_equal_the_plain_formula(n, vocab):
+    """Also in row blocks, one of them one row longer (53 rows of 40000: 26 + 27): with two
+    threads a lone 53rd row is summed in another order, which changes these bits."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(n, vocab, generator=g) * 4
+    keys = [(0, p) for p in range(n)]
+    token_of = {(0, p): (13 * p) % vocab for p in range(n)}
+    lp, ent = NextTokenLogprobs().on_logits(torch.arange(n), keys, logits, token_of)
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    want_ent = lse[:, 0] - (torch.exp(logits - lse) * logits).sum(-1)
+    want_lp = torch.full((n,), float("nan"))
+    for i, (r, p) in enumerate(keys):
+        if (r, p + 1) in token_of:
+            want_lp[i] = logits[i, token_of[(r, p + 1)]] - lse[i, 0]
+    assert torch.equal(bits(ent), bits(want_ent)) and torch.equal(bits(lp), bits(want_lp))
+
+
+def test_bf16_tensor_capture_is_widened_when_written(zoo, ids):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(zoo("tiny-llama"), dtype=torch.bfloat16).eval()
+    seen = {}
+    model.model.layers[0].register_forward_hook(lambda m, a, out: seen.setdefault("v", out))
+    got = aligntools.capture(model, ids, "L0.resid_post", progress=False).dataset["L0.resid_post"].values
+    want = seen["v"].float().reshape(-1, got.shape[1]).numpy()
+    assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
+
+
+def test_budget_counts_the_stored_float32_bytes_of_a_bf16_value():
+    meta = TokenMeta(torch.zeros(4, dtype=torch.long), torch.arange(4), torch.arange(4), 0)
+    value = torch.ones(4, 8, dtype=torch.bfloat16)  # 64 bytes now, 128 once stored as float32
+    for budget, fits in ((128, True), (127, False)):
+        rec = Recorder(["embed"], "tensor", MemoryStore({}), budget_bytes=budget, flush_bytes=None, progress=False)
+        with pytest.raises(CaptureBudgetExceeded, match="to 128 bytes") if not fits else contextlib.nullcontext():
+            rec.emit("embed", value, meta)
+
+
+def test_repeated_token_in_one_emit_gets_one_row():
+    meta = TokenMeta(torch.tensor([0, 0, 1]), torch.tensor([5, 5, 0]), torch.tensor([9, 9, 4]), 0)
+    rec = Recorder(["embed"], "tensor", MemoryStore({}), flush_bytes=None, progress=False)
+    rec.emit("embed", torch.arange(6.0).reshape(3, 2), meta)
+    rec.finish({}, complete=True)
+    ds = rec.dataset()
+    assert ds["position"].values.tolist() == [5, 0] and ds["token_id"].values.tolist() == [9, 4]
+
+
+def test_tensor_mode_copies_what_the_engine_may_still_hold_and_keeps_what_it_was_given():
+    meta = TokenMeta(torch.zeros(3, dtype=torch.long), torch.arange(3), torch.arange(3), 0)
+    rec = Recorder(["embed", "final_norm"], "tensor", MemoryStore({}), flush_bytes=None, progress=False)
+    engine_value, made_for_us = torch.randn(3, 4), torch.randn(3, 4)
+    rec.emit("embed", engine_value, meta)
+    rec.emit("final_norm", made_for_us, meta, owned=True)
+    engine_value.zero_()  # the engine reuses its buffer after the hook
+    rec.finish({}, complete=True)
+    ds = rec.dataset()
+    assert ds["embed"].values.any() and ds["final_norm"].values.tobytes() == made_for_us.numpy().tobytes()
