@@ -52,6 +52,7 @@ class RoutingRecorder:
         self.routers = [m.router for m in runner.model.modules()
                         if hasattr(getattr(m, "router", None), "select_experts")]  # layer order
         self.steps: list[_Step] = []
+        self._index: dict[str, list[tuple[_Step, int]]] | None = None
         self._handle = None
 
     @property
@@ -60,6 +61,7 @@ class RoutingRecorder:
 
     def __enter__(self) -> "RoutingRecorder":
         self.steps.clear()
+        self._index = None
         self._handle = self.runner.model.register_forward_pre_hook(self._layout, with_kwargs=True)
         for layer, router in enumerate(self.routers):
             router.select_experts = self._tap(router.select_experts, layer)  # instance attr shadows the method
@@ -103,20 +105,14 @@ class RoutingRecorder:
     def routed_experts(self, request: str, sequence: list[int]) -> torch.Tensor:
         """[len(sequence), n_moe_layers, k] int64 for internal request id ``request`` (matched on
         its prefix before vLLM's random suffix), checked token by token against ``sequence``."""
-        n_layers = len(self.routers)
         rows: dict[int, torch.Tensor] = {}
         tokens: dict[int, int] = {}
-        for step in self.steps:
-            if len(step.experts) != n_layers:
-                raise RuntimeError(f"a vLLM forward routed {len(step.experts)} of {n_layers} MoE layers")
-            for i, rid in enumerate(step.req_ids):
-                if rid.rsplit("-", 1)[0] != request and rid != request:
-                    continue
-                a, b = step.starts[i], step.starts[i + 1]
-                ids = torch.stack([e[a:b] for e in step.experts], dim=1)  # [b-a, n_layers, k]
-                for j, pos in enumerate(step.positions[a:b].tolist()):
-                    rows[pos] = ids[j]  # a recomputed (preempted) position keeps its latest routing
-                    tokens[pos] = int(step.tokens[a + j])
+        for step, i in self._slices().get(request, []):
+            a, b = step.starts[i], step.starts[i + 1]
+            ids = torch.stack([e[a:b] for e in step.experts], dim=1)  # [b-a, n_layers, k]
+            for j, pos in enumerate(step.positions[a:b].tolist()):
+                rows[pos] = ids[j]  # a recomputed (preempted) position keeps its latest routing
+                tokens[pos] = int(step.tokens[a + j])
         want = range(len(sequence) - 1)
         missing = [p for p in want if p not in rows]
         if missing:
@@ -128,6 +124,18 @@ class RoutingRecorder:
                                f"the sequence has {sequence[wrong[0]]}; the request-id mapping does not hold")
         out = torch.stack([rows[p] for p in want])  # [len-1, n_layers, k]
         return torch.cat([out, out[-1:]])  # the final token is never fed: repeat (see module docstring)
+
+    def _slices(self) -> dict[str, list[tuple[_Step, int]]]:
+        """Request id without vLLM's random suffix -> its (forward, row block) in forward order;
+        built once per recording, so looking up every sample of a batch stays linear."""
+        if self._index is None:
+            self._index = {}
+            for step in self.steps:
+                if len(step.experts) != len(self.routers):
+                    raise RuntimeError(f"a vLLM forward routed {len(step.experts)} of {len(self.routers)} MoE layers")
+                for i, rid in enumerate(step.req_ids):
+                    self._index.setdefault(rid.rsplit("-", 1)[0], []).append((step, i))
+        return self._index
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
