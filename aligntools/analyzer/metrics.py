@@ -22,11 +22,13 @@ of the sums and counted separately, so one NaN is a finding, not a poisoned tabl
 from __future__ import annotations
 
 import math
-from functools import lru_cache, partial
+import warnings
+from collections.abc import Callable
+from functools import cache, lru_cache, partial
 
 import numpy as np
 
-from aligntools.analyzer import sweep
+from aligntools.analyzer import compiled_rows, sweep
 from aligntools.analyzer.sweep import Job, Rows
 from aligntools.tracker.stats import STAT_NAMES
 
@@ -61,7 +63,9 @@ class Workspace:
     the arithmetic, and reused buffers stay in cache. The views of the last chunk shape are
     kept: the chunks of a tile share one."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = False) -> None:
+        self.compiled = compiled_rows.Scratch() if compiled else None
+        """Scratch of the compiled path, None where the numpy path runs (``run_jobs``)."""
         self._f64 = np.empty(0)
         self._i32 = np.empty(0, np.int32)
         self._mask = np.empty(0, bool)
@@ -88,13 +92,15 @@ def chunk_metrics(xa: np.ndarray, xb: np.ndarray, ws: Workspace, sl: slice, out:
     NaN/Inf poison the sums of squares; only then (the rare path) are they located, left
     out and the sums and ULP distance redone on what is left (``_mask_nonfinite``).
     """
+    if ws.compiled is not None and _compiled_chunk(xa, xb, ws, sl, out, next_ids):
+        return
     A, B, D, T, U1, U2, U3, M = ws.views(*xa.shape)
     out["max_ulp"][sl] = _max_ulp(xa, xb, U1, U2, U3)  # while the captured rows are in cache
     np.copyto(A, xa)
     np.copyto(B, xb)
     np.subtract(B, A, out=D)
     if next_ids is not None:  # before NaN masking: the distributions are those captured
-        _logit_chunk(A, B, D, T, next_ids[sl], out, sl)
+        _logit_chunk(A, B, T, partial(_rowdot, y=D), next_ids[sl], out, sl)
     out["n_valid"][sl] = xa.shape[1]
     out["sum_a2"][sl] = a2 = _rowdot(A, A)
     out["sum_b2"][sl] = b2 = _rowdot(B, B)
@@ -112,6 +118,25 @@ def chunk_metrics(xa: np.ndarray, xb: np.ndarray, ws: Workspace, sl: slice, out:
     np.abs(A, out=T)
     T *= PERMILLE
     out["n_rel"][sl] = _row_count(np.greater(D, T, out=M))
+
+
+def _compiled_chunk(xa: np.ndarray, xb: np.ndarray, ws: Workspace, sl: slice, out: dict[str, np.ndarray],
+                    next_ids: np.ndarray | None) -> bool:
+    """``chunk_metrics`` by the compiled kernels, which round exactly like the numpy path;
+    False (nothing kept) where they do not apply: not float32, an ``einsum`` width, NaN/Inf."""
+    k = _dot_block(xa.shape[1])
+    if not compiled_rows.covers(xa, xb, k):
+        return False
+    sums = compiled_rows.row_sums(xa, xb, k, PERMILLE, ws.compiled)
+    if sums is None:
+        return False
+    for key, row in zip(ROW_SUMS[:compiled_rows.N_SUMS], sums, strict=True):
+        out[key][sl] = row
+    out["n_valid"][sl] = xa.shape[1]
+    if next_ids is not None:
+        T = ws.views(*xa.shape)[3]
+        _logit_chunk(xa, xb, T, lambda ez: compiled_rows.logit_dots(ez, xa, xb, k, ws.compiled), next_ids[sl], out, sl)
+    return True
 
 
 def _row_count(mask: np.ndarray) -> np.ndarray:
@@ -202,9 +227,11 @@ def _mask_nonfinite(A: np.ndarray, B: np.ndarray, out: dict[str, np.ndarray], sl
     B[~ok] = 0.0
 
 
-def _logit_chunk(A: np.ndarray, B: np.ndarray, D: np.ndarray, T: np.ndarray, next_ids: np.ndarray,
-                 out: dict[str, np.ndarray], sl: slice) -> None:
-    """KL, Δlogprob and top-1 of logit rows A, B [r, V] (float64, as captured), D = B - A.
+def _logit_chunk(xa: np.ndarray, xb: np.ndarray, T: np.ndarray, dot_diff: Callable[[np.ndarray], np.ndarray],
+                 next_ids: np.ndarray, out: dict[str, np.ndarray], sl: slice) -> None:
+    """KL, Δlogprob and top-1 of logit rows xa, xb [r, V] as captured (float32 or their float64
+    copies: every value below is computed in float64 from exact widenings, so both give the same
+    bits). T: float64 scratch [r, V]; dot_diff(T) -> per-row T . (xb - xa) [r].
 
     kl = KL(softmax a || softmax b); dlogprob = |log p_b(t) - log p_a(t)| for the given next
     token t (``next_ids`` [r], -1 where unknown -> NaN); top1 = argmax agreement (0/1).
@@ -212,31 +239,39 @@ def _logit_chunk(A: np.ndarray, B: np.ndarray, D: np.ndarray, T: np.ndarray, nex
     KL = log Z_b - log Z_a - sum p_a (x_b - x_a), one exp per side; the argmax that gives
     top-1 also gives the max the exp is shifted by.
     """
-    top_a, top_b = A.argmax(axis=1), B.argmax(axis=1)  # [r]
-    lzb, _ = _log_partition(B, top_b, T)
-    lza, sa = _log_partition(A, top_a, T)  # T = exp(A - max A) from here on
-    kl = lzb - lza - _rowdot(T, D) / sa
+    top_a, top_b = xa.argmax(axis=1), xb.argmax(axis=1)  # [r]
+    lzb, _ = _log_partition(xb, top_b, T)
+    lza, sa = _log_partition(xa, top_a, T)  # T = exp(A - max A) from here on
+    kl = lzb - lza - dot_diff(T) / sa
     bad = ~np.isfinite(kl)  # -inf logits (masked vocab): the elementwise form
     if bad.any():
         pa = T[bad] / sa[bad, None]
-        delta = (A[bad] - lza[bad, None]) - (B[bad] - lzb[bad, None])
+        delta = (xa[bad] - lza[bad, None]) - (xb[bad] - lzb[bad, None])
         kl[bad] = np.where(pa > 0, pa * delta, 0.0).sum(axis=1)
-    dlp = np.full(len(A), np.nan)
+    dlp = np.full(len(xa), np.nan)
     r = np.flatnonzero(next_ids >= 0)
     t = next_ids[r]
-    dlp[r] = np.abs((B[r, t] - lzb[r]) - (A[r, t] - lza[r]))
+    dlp[r] = np.abs((xb[r, t] - lzb[r]) - (xa[r, t] - lza[r]))
     out["kl"][sl], out["dlogprob"][sl], out["top1"][sl] = kl, dlp, top_a == top_b
 
 
 def _log_partition(x: np.ndarray, top: np.ndarray, ez: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x [r, V] float64 and its row argmax -> (log Z [r], sum of exp(x - max) [r]), with
-    exp(x - max) left in ``ez``: log p = x - log Z. x[argmax] is the row max (NaN where the
-    row holds a NaN, like ``max``)."""
-    m = x[np.arange(len(x)), top]
-    m[~np.isfinite(m)] = 0.0
-    np.subtract(x, m[:, None], out=ez)
+    """x [r, V] (float64, or float32 on the compiled path) and its row argmax -> (log Z [r],
+    sum of exp(x - max) [r]), with exp(x - max) left in ``ez``: log p = x - log Z. x[argmax]
+    is the row max (NaN where the row holds a NaN, like ``max``). The exp is always numpy's
+    (its SIMD exp rounds differently from libm's); the compiled path only shifts and sums."""
+    if x.dtype == np.float32:
+        m = compiled_rows.kernels().shift_rows(x, top, ez)
+    else:
+        m = x[np.arange(len(x)), top]
+        m[~np.isfinite(m)] = 0.0
+        np.subtract(x, m[:, None], out=ez)
     np.exp(ez, out=ez)
-    s = ez.sum(axis=1)
+    s = np.empty(len(x))
+    if x.dtype == np.float32:
+        compiled_rows.kernels().row_pairwise(ez, s)
+    else:
+        np.add.reduce(ez, axis=1, out=s)
     return m + np.log(s), s
 
 
@@ -252,8 +287,45 @@ def site_job(a: Rows, b: Rows, next_ids: np.ndarray | None = None) -> tuple[Job,
 
 def run_jobs(jobs: list[Job], workers: int | None = None, max_memory: int | None = None,
              progress: bool | None = None) -> None:
-    """Run ``site_job``s in one sweep (``aligntools.analyzer.sweep.run``)."""
-    sweep.run(jobs, Workspace, CHUNK_ELEMS, workers, max_memory, progress)
+    """Run ``site_job``s in one sweep (``aligntools.analyzer.sweep.run``), on the compiled
+    kernels where they apply and agree with numpy on this machine (``compiled_rows``)."""
+    compiled = compiled_rows.wanted(sum(j.nbytes for j in jobs)) and compiled_path_agrees()
+    sweep.run(jobs, partial(Workspace, compiled), CHUNK_ELEMS, workers, max_memory, progress)
+
+
+PROBE_WIDTHS = (24, 1000, 2048, 4096 + 16 + 7, 24576)
+"""Row widths the compiled kernels are checked on: a BLAS tail only, both BLAS loops with
+tails, whole 32-lane blocks, an odd multiple, and a row dotted in 8192-blocks."""
+
+
+@cache
+def compiled_path_agrees() -> bool:
+    """Whether the compiled kernels give exactly numpy's bits on this machine, checked once
+    per process on random probe rows of ``PROBE_WIDTHS`` (logits metrics included): their
+    dot products copy one OpenBLAS kernel's order, and another CPU may run another kernel.
+    False (with a warning) sends every comparison to the numpy path."""
+    try:
+        compiled_rows.kernels()
+    except ImportError as e:
+        warnings.warn(f"compare: compiled kernels unavailable ({e}); using the numpy path", stacklevel=2)
+        return False
+    rng = np.random.default_rng(0)
+    for width in PROBE_WIDTHS:
+        rows = max(4, CHUNK_ELEMS // width)
+        xa = (rng.standard_normal((rows, width)) * rng.exponential(4.0, (rows, 1))).astype(np.float32)
+        xb = (xa * (1 + 1e-3 * rng.standard_normal(xa.shape))).astype(np.float32)
+        xb[:, ::5] = xa[:, ::5]
+        next_ids = rng.integers(-1, width, rows)
+        got = []
+        for compiled in (False, True):
+            out = {k: np.zeros(rows) for k in ROW_SUMS} | {k: np.full(rows, np.nan) for k in LOGIT_ROWS}
+            chunk_metrics(xa, xb, Workspace(compiled), slice(0, rows), out, next_ids)
+            got.append(b"".join(out[k].tobytes() for k in (*ROW_SUMS, *LOGIT_ROWS)))
+        if got[0] != got[1]:
+            warnings.warn(f"compare: the compiled kernels round differently from numpy on this machine "
+                          f"(rows of width {width}); using the numpy path", stacklevel=2)
+            return False
+    return True
 
 
 def row_metrics(a: np.ndarray, b: np.ndarray, idx_a: np.ndarray | None = None, idx_b: np.ndarray | None = None,

@@ -16,6 +16,8 @@ import xarray as xr
 
 import aligntools
 from aligntools import Capture
+from aligntools.analyzer import compiled_rows
+from aligntools.analyzer.metrics import compiled_path_agrees
 from tests.aligntools.analyzer.analyzer_synth import make_capture
 from tests.aligntools.analyzer.test_bad_input import to_stats
 from tests.aligntools.analyzer.test_pinned_metrics import snapshot
@@ -53,8 +55,11 @@ def test_captures_are_larger_than_the_cap(on_disk):
     assert min(a.nbytes, b.nbytes) > 4 * CAP
 
 
-def test_compare_from_disk_stays_under_the_cap_and_gives_the_same_numbers(on_disk):
+@pytest.mark.parametrize("compiled", ["0", "1"], ids=["numpy", "compiled"])
+def test_compare_from_disk_stays_under_the_cap_and_gives_the_same_numbers(on_disk, compiled, monkeypatch):
     a, b, path_a, path_b = on_disk
+    monkeypatch.setenv(compiled_rows.ENV_SWITCH, compiled)
+    assert compiled_path_agrees()  # compiles the kernels before tracing: a one-time cost, not capture data
     tracemalloc.start()
     try:
         cmp = aligntools.compare(path_a, path_b, max_memory=CAP)
