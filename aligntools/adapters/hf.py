@@ -179,7 +179,8 @@ class HFAdapter(Adapter):
             self._warn_once(site, f"{site}: output shape {tuple(value.shape)} does not map onto the "
                                   f"{self._layout.batch}x{self._layout.seq} tokens; not captured")
             return
-        self._rec.emit(site, *mapped, owned=owned)
+        # transformers modules write tensors through torch ops: tensor mode may borrow them
+        self._rec.emit(site, *mapped, owned=owned, borrow=True)
 
     def _emit_routing(self, layer: int, out: object) -> None:
         if isinstance(out, (tuple, list)) and len(out) >= 3 and not out[2].is_floating_point():

@@ -7,8 +7,10 @@ tensor vs stats storage, the byte budget, the derived ``logprobs``/``entropy`` s
 streaming finished rows to a store so a long capture does not have to fit in memory.
 
 Why values are buffered the way they are: ``emit`` runs inside the engine's forward, so it
-does only what needs the live tensor. Tensor mode copies it in the engine's dtype (a bf16
-copy is half a float32 one) and widens to float32 / int64 when rows are written; stats mode
+does only what needs the live tensor. Tensor mode keeps the engine's tensor by reference
+where that is checked to be safe (``borrowed.Borrowed``: an in-place write after the hook is
+an error at flush, never a wrong value), else copies it in the engine's dtype (a bf16 copy
+is half a float32 one), and widens to float32 / int64 when rows are written; stats mode
 runs ``reduce_rows`` and finishes the stats rows of every site in one batch at flush time.
 """
 
@@ -22,6 +24,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
+from aligntools.tracker.borrowed import Borrowed, can_borrow
 from aligntools.tracker.store import EMITTED, TOKEN, MemoryStore, Store, VarSpec
 from aligntools.tracker.derived import NextTokenLogprobs
 from aligntools.sites import TOKEN_COORDS, sort_sites, trailing_dims
@@ -35,7 +38,7 @@ DERIVED = ("logprobs", "entropy")
 # successor was never seen, which the mask of logits already accounts for.
 MASKED = ("logits", "entropy")
 TokenFilter = Callable[[TokenMetaLike], torch.Tensor]  # -> BoolTensor [N]: which rows to keep
-Chunk = tuple[torch.Tensor, torch.Tensor | RowReduction]  # (capture rows [n], their values or reduction)
+Chunk = tuple[torch.Tensor, torch.Tensor | Borrowed | RowReduction]  # (capture rows [n], their values or reduction)
 _TORCH_DTYPE = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
                 np.dtype(np.int64): torch.int64}  # stored numpy dtype -> the torch dtype to widen to
 
@@ -49,17 +52,19 @@ class Recorder:
 
     ``sites``: the selected site names (derived ones included). ``flush_bytes``: buffered
     bytes of finished rows that trigger a write to the store (None: only at ``finish``).
+    ``copy``: tensor mode copies every value in the hook, never keeping a reference.
     """
 
     def __init__(self, sites: list[str], mode: Literal["tensor", "stats"], store: Store, *,
                  budget_bytes: int | None = None, on_budget: Literal["error", "stats"] = "error",
                  token_filter: TokenFilter | None = None, flush_bytes: float | None = 64 << 20,
-                 progress: bool | None = None) -> None:
+                 progress: bool | None = None, copy: bool = False) -> None:
         if mode not in ("tensor", "stats"):
             raise ValueError(f"mode must be 'tensor' or 'stats', got {mode!r}")
         if on_budget not in ("error", "stats"):
             raise ValueError(f"on_budget must be 'error' or 'stats', got {on_budget!r}")
         self.mode = mode
+        self.copy = copy
         self.sites = set(sites)
         self.store = store
         self.budget_bytes, self.on_budget = budget_bytes, on_budget
@@ -115,10 +120,13 @@ class Recorder:
         self._done = len(self._coords["step"])
         self._maybe_flush()
 
-    def emit(self, site: str, value: torch.Tensor, meta: TokenMetaLike, *, owned: bool = False) -> None:
+    def emit(self, site: str, value: torch.Tensor, meta: TokenMetaLike, *, owned: bool = False,
+             borrow: bool = False) -> None:
         """Record ``value`` [N, ...] (the engine's dtype, N = len(meta.request)). ``owned``: the
         adapter made ``value`` for this call and the engine holds no reference to it, so tensor
-        mode keeps it as it is instead of copying it."""
+        mode keeps it as it is instead of copying it. ``borrow``: the engine writes ``value``
+        only through torch ops (which bump its version counter), so tensor mode may keep it by
+        reference, checked when it is read (``borrowed.Borrowed``)."""
         if self._call < 0:
             self.begin_call()
         keep, rows, keys = self._rows(meta)
@@ -128,7 +136,7 @@ class Recorder:
         if keep is not None:
             v = v[keep.to(v.device)]
         if site in self.sites:
-            self._store(site, rows, v, copy=keep is None and not owned)
+            self._store(site, rows, v, copy=keep is None and not owned, borrow=borrow and not self.copy)
         if site == "logits" and self._derive is not None:
             for name, val in zip(DERIVED, self._derive.on_logits(rows, keys, v, self._token_of)):
                 if val is not None:
@@ -203,7 +211,7 @@ class Recorder:
 
     # ---- values -------------------------------------------------------------------------
 
-    def _store(self, site: str, rows: torch.Tensor, v: torch.Tensor, *, copy: bool,
+    def _store(self, site: str, rows: torch.Tensor, v: torch.Tensor, *, copy: bool, borrow: bool = False,
                dtype_attr: str | None = None) -> None:
         if self.budget_bytes is not None and self._stored_bytes + self._nbytes(v) > self.budget_bytes:
             self._over_budget(site, v)
@@ -212,7 +220,8 @@ class Recorder:
         if self.mode == "stats":
             data = reduce_rows(v)  # finished into [n, 8] float64 rows at flush
         else:  # the engine's dtype on the CPU; widened when written
-            data = v.reshape(len(v), *self._trailing(site, v)).to("cpu", copy=copy)
+            rows_v = v.reshape(len(v), *self._trailing(site, v))  # [n, *trailing]
+            data = Borrowed.of(site, rows_v) if copy and borrow and can_borrow(rows_v) else rows_v.to("cpu", copy=copy)
         nbytes = self._nbytes(data)
         self._stored_bytes += nbytes
         self._buffered_bytes += nbytes
@@ -223,6 +232,8 @@ class Recorder:
         rows), whatever it takes while buffered; checked before anything is allocated."""
         if self.mode == "stats":
             return len(v) * len(STAT_NAMES) * 8
+        if isinstance(v, Borrowed):
+            v = v.value
         return v.numel() * (4 if v.is_floating_point() else 8)
 
     def _trailing(self, site: str, v: torch.Tensor) -> tuple[int, ...]:
@@ -266,7 +277,7 @@ class Recorder:
         self.mode = "stats"
         self._stored_bytes = self._buffered_bytes = 0
         for site, chunks in self._buffer.items():
-            reduced = [(rows, row_stats(data)) for rows, data in chunks]
+            reduced = [(rows, row_stats(data.take() if isinstance(data, Borrowed) else data)) for rows, data in chunks]
             self._buffer[site] = reduced
             nbytes = sum(d.nbytes for _, d in reduced)
             self._stored_bytes += nbytes
@@ -325,9 +336,12 @@ class Recorder:
         if len(chunks) == 1:
             rows, data = chunks[0]
             if len(rows) == hi - lo and torch.equal(rows, torch.arange(lo, hi)):
+                if isinstance(data, Borrowed):  # becomes the capture's array where already float32
+                    data = data.take(exclusive=data.value.dtype == target)
                 return data.to(target).numpy()
-        arr = np.full((hi - lo, *chunks[0][1].shape[1:]), spec.fill, dtype=spec.dtype)
-        for rows, data in chunks:
+        values = [(rows, data.take() if isinstance(data, Borrowed) else data) for rows, data in chunks]
+        arr = np.full((hi - lo, *values[0][1].shape[1:]), spec.fill, dtype=spec.dtype)
+        for rows, data in values:
             arr[rows.numpy() - lo] = data.to(target).numpy()
         return arr
 

@@ -46,17 +46,22 @@ class Tracker:
     rows. ``out``: stream the capture to a ``.nc`` / ``.zarr`` file while it runs (a crash
     leaves a readable file with ``complete=0``); finished steps are written whenever
     ``flush_bytes`` of them are buffered. ``progress``: tqdm bar of captured tokens
-    (None: only on a terminal).
+    (None: only on a terminal). ``copy``: tensor mode copies every value in its hook; by
+    default it keeps transformers' tensors by reference and raises
+    ``CapturedValueModified`` if one is written in place after its hook
+    (``aligntools.tracker.borrowed``).
     """
 
     def __init__(self, target: object, sites: str | list[str] = "*", mode: Mode = "tensor",
                  budget_bytes: int | None = None, token_filter: TokenFilter | None = None, *,
                  out: str | os.PathLike | None = None, on_budget: Literal["error", "stats"] = "error",
-                 progress: bool | None = None, flush_bytes: int = 64 << 20) -> None:
+                 progress: bool | None = None, flush_bytes: int = 64 << 20, copy: bool = False) -> None:
         if out is not None and on_budget == "stats" and mode == "tensor":
             raise ValueError("on_budget='stats' needs the capture in memory (rows already streamed to "
                              "`out` cannot be reduced); use on_budget='error' or out=None")
         _check_options(mode, budget_bytes, flush_bytes)
+        if not isinstance(copy, bool):
+            raise ValueError(f"copy must be True or False, got {copy!r}")
         self.adapter = adapter_for(target)
         self.available = self.adapter.available_sites()
         self.sites = select(sites, self.available)
@@ -65,7 +70,7 @@ class Tracker:
                              f"'L*.resid_post,logits'")
         self.mode, self.budget_bytes, self.on_budget = mode, budget_bytes, on_budget
         self.token_filter, self.out, self.progress = token_filter, out, progress
-        self.flush_bytes = flush_bytes
+        self.flush_bytes, self.copy = flush_bytes, copy
         self._recorder: Recorder | None = None
         self._capture: Capture | None = None
 
@@ -74,7 +79,8 @@ class Tracker:
         store = open_store(self.out, {**attrs, "mode": self.mode, "complete": 0})
         self._recorder = Recorder(self.sites, self.mode, store, budget_bytes=self.budget_bytes,
                                   on_budget=self.on_budget, token_filter=self.token_filter,
-                                  flush_bytes=None if self.out is None else self.flush_bytes, progress=self.progress)
+                                  flush_bytes=None if self.out is None else self.flush_bytes, progress=self.progress,
+                                  copy=self.copy)
         self._attrs_at_start = attrs
         self.adapter.attach(self._recorder)
         return self
