@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache, lru_cache, partial
 
 import numpy as np
@@ -91,9 +92,23 @@ def chunk_metrics(xa: np.ndarray, xb: np.ndarray, ws: Workspace, sl: slice, out:
 
     NaN/Inf poison the sums of squares; only then (the rare path) are they located, left
     out and the sums and ULP distance redone on what is left (``_mask_nonfinite``).
+
+    With ``ws.compiled`` the compiled kernels do it where they apply (``_compiled_chunk``);
+    where not, the numpy path takes the rows in its own chunk size, so its float64 scratch
+    stays as small as ever (captures read from disk count it against ``max_memory``).
     """
-    if ws.compiled is not None and _compiled_chunk(xa, xb, ws, sl, out, next_ids):
-        return
+    if ws.compiled is None:
+        _numpy_chunk(xa, xb, ws, sl, out, next_ids)
+    elif not _compiled_chunk(xa, xb, ws, sl, out, next_ids):
+        step = max(1, CHUNK_ELEMS // max(xa.shape[1], 1))
+        for s in range(0, len(xa), step):
+            rows = slice(s, min(s + step, len(xa)))
+            _numpy_chunk(xa[rows], xb[rows], ws, slice(sl.start + rows.start, sl.start + rows.stop), out, next_ids)
+
+
+def _numpy_chunk(xa: np.ndarray, xb: np.ndarray, ws: Workspace, sl: slice, out: dict[str, np.ndarray],
+                 next_ids: np.ndarray | None) -> None:
+    """``chunk_metrics`` by numpy calls on the chunk's float64 copy: the definition of the numbers."""
     A, B, D, T, U1, U2, U3, M = ws.views(*xa.shape)
     out["max_ulp"][sl] = _max_ulp(xa, xb, U1, U2, U3)  # while the captured rows are in cache
     np.copyto(A, xa)
@@ -134,8 +149,7 @@ def _compiled_chunk(xa: np.ndarray, xb: np.ndarray, ws: Workspace, sl: slice, ou
         out[key][sl] = row
     out["n_valid"][sl] = xa.shape[1]
     if next_ids is not None:
-        T = ws.views(*xa.shape)[3]
-        _logit_chunk(xa, xb, T, lambda ez: compiled_rows.logit_dots(ez, xa, xb, k, ws.compiled), next_ids[sl], out, sl)
+        _logit_chunk(xa, xb, ws.compiled.ez(*xa.shape), lambda ez: compiled_rows.logit_dots(ez, xa, xb, k, ws.compiled), next_ids[sl], out, sl)
     return True
 
 
@@ -290,7 +304,16 @@ def run_jobs(jobs: list[Job], workers: int | None = None, max_memory: int | None
     """Run ``site_job``s in one sweep (``aligntools.analyzer.sweep.run``), on the compiled
     kernels where they apply and agree with numpy on this machine (``compiled_rows``)."""
     compiled = compiled_rows.wanted(sum(j.nbytes for j in jobs)) and compiled_path_agrees()
+    if compiled:
+        jobs = [replace(j, chunk_elems=compiled_rows.CHUNK_ELEMS) if _compiled_site(j) else j for j in jobs]
     sweep.run(jobs, partial(Workspace, compiled), CHUNK_ELEMS, workers, max_memory, progress)
+
+
+def _compiled_site(job: Job) -> bool:
+    """Whether the compiled kernels take a site's rows (float32 both sides, a BLAS width)."""
+    k = _dot_block(max(job.a.width, 1))
+    return (job.a.data.dtype == np.float32 and job.b.data.dtype == np.float32
+            and (k >= 256 or k == job.a.width))
 
 
 PROBE_WIDTHS = (24, 1000, 2048, 4096 + 16 + 7, 24576)

@@ -131,6 +131,9 @@ class Job:
     a: Rows
     b: Rows
     kernel: Kernel
+    chunk_elems: int | None = None
+    """Elements per chunk of this job; None: the run's. (A compiled kernel keeps no float64
+    copy of the chunk in cache, so it takes bigger chunks: fewer Python calls per byte.)"""
 
     @property
     def nbytes(self) -> int:
@@ -141,7 +144,8 @@ class Job:
         return self.a.on_disk or self.b.on_disk
 
     def chunk_rows(self, chunk_elems: int) -> int:
-        return max(1, chunk_elems // max(self.a.width, 1))
+        """Rows per chunk: ``self.chunk_elems`` (else the run's ``chunk_elems``) over the width."""
+        return max(1, (self.chunk_elems or chunk_elems) // max(self.a.width, 1))
 
     def tile_rows(self, chunk_elems: int, budget: int) -> int:
         """Rows per tile, always whole chunks: ``TILE_CHUNKS`` of them in memory; from disk as
