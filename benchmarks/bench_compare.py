@@ -9,7 +9,8 @@ run, measures
 - the roofline: a plain reduction (``torch.sum``, and numpy's for one thread) over exactly the
   bytes compare reads - both captures' arrays - with 1 and 2 threads;
 - a full ``compare`` (all metrics, logits KL/logprobs/top-1, divergence) with ``workers`` 1
-  and 2, and the logits site alone (and the hidden-state sites alone);
+  and 2, and the logits site alone (and the hidden-state sites alone), each on the compiled
+  row kernels and on the numpy path they replace (the same-run baseline: same bits);
 
 and prints each throughput as a percentage of the roofline with the same thread count, best
 of ``--repeats``. The box is shared: the 1-min load average is printed before and after, and
@@ -33,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aligntools  # noqa: E402
 from aligntools import sites as S  # noqa: E402
+from aligntools.analyzer import compiled_rows  # noqa: E402
+from aligntools.analyzer.metrics import compiled_path_agrees  # noqa: E402
 
 KINDS = ("attn_norm", "q", "k", "v", "attn_out", "resid_mid", "mlp_norm", "mlp_out", "resid_post")
 THREADS = (1, 2)
@@ -86,12 +89,18 @@ def bandwidth(datasets: tuple[xr.Dataset, ...], threads: int, repeats: int, engi
 
 
 def report(label: str, a: xr.Dataset, b: xr.Dataset, roof: dict[int, float], repeats: int) -> None:
-    """compare(a, b) with 1 and 2 worker threads: GB/s and % of the roofline of that many threads."""
+    """compare(a, b) with 1 and 2 worker threads, on the compiled kernels and on the numpy
+    path (the baseline, same run): GB/s, % of the roofline of that many threads, speed-up."""
     size = nbytes(a, b)
     for workers in THREADS:
-        sec = best_seconds(lambda: aligntools.compare(a, b, workers=workers).first_divergence, repeats)
-        gbs = size / sec / 1e9
-        print(f"{label}, {workers} thread(s): {sec:.3f} s -> {gbs:.2f} GB/s = {gbs / roof[workers]:.0%} of roofline")
+        gbs = {}
+        for path in ("1", "0"):
+            os.environ[compiled_rows.ENV_SWITCH] = path
+            sec = best_seconds(lambda: aligntools.compare(a, b, workers=workers).first_divergence, repeats)
+            gbs[path] = size / sec / 1e9
+        os.environ.pop(compiled_rows.ENV_SWITCH)
+        print(f"{label}, {workers} thread(s): {gbs['1']:.2f} GB/s = {gbs['1'] / roof[workers]:.0%} of roofline "
+              f"(numpy path {gbs['0']:.2f} GB/s: {gbs['1'] / gbs['0']:.2f}x)")
 
 
 def main() -> None:
@@ -109,6 +118,7 @@ def main() -> None:
     roof = {n: bandwidth((a, b), n, args.repeats) for n in THREADS}
     print(f"roofline (sum over both captures): numpy 1 thread {bandwidth((a, b), 1, args.repeats, 'numpy'):.1f} GB/s, "
           + ", ".join(f"torch {n} thread(s) {roof[n]:.1f} GB/s" for n in THREADS))
+    print(f"compiled kernels agree with numpy on this machine: {compiled_path_agrees()} (compiled and cached once)")
     hidden = [s for s in a.data_vars if s != "logits"]
     report("compare, all sites", a, b, roof, args.repeats)
     report("  logits only (+ KL, logprobs, top-1)", a[["logits"]], b[["logits"]], roof, args.repeats)

@@ -45,11 +45,16 @@ def wanted(nbytes: int) -> bool:
     return nbytes >= MIN_BYTES
 
 
+def takes(dtype_a: np.dtype, dtype_b: np.dtype, width: int, dot_block: int) -> bool:
+    """Whether the kernels compute a site's rows exactly as numpy does: float32 on both
+    sides, dot products by BLAS (``dot_block`` >= 256, or the whole row)."""
+    return dtype_a == np.float32 and dtype_b == np.float32 and (dot_block >= 256 or dot_block == width)
+
+
 def covers(xa: np.ndarray, xb: np.ndarray, dot_block: int) -> bool:
-    """Whether the kernels compute rows xa, xb [r, D] exactly as numpy does: float32 rows
-    in C order, dot products by BLAS (``dot_block`` >= 256, or the whole row)."""
-    return (xa.dtype == np.float32 and xb.dtype == np.float32 and xa.flags.c_contiguous
-            and xb.flags.c_contiguous and (dot_block >= 256 or dot_block == xa.shape[1]))
+    """``takes`` for chunk rows xa, xb [r, D], which must also be in C order."""
+    return (takes(xa.dtype, xb.dtype, xa.shape[1], dot_block)
+            and xa.flags.c_contiguous and xb.flags.c_contiguous)
 
 
 @cache

@@ -310,10 +310,9 @@ def run_jobs(jobs: list[Job], workers: int | None = None, max_memory: int | None
 
 
 def _compiled_site(job: Job) -> bool:
-    """Whether the compiled kernels take a site's rows (float32 both sides, a BLAS width)."""
-    k = _dot_block(max(job.a.width, 1))
-    return (job.a.data.dtype == np.float32 and job.b.data.dtype == np.float32
-            and (k >= 256 or k == job.a.width))
+    """Whether the compiled kernels take a site's rows (``compiled_rows.takes``)."""
+    width = job.a.width
+    return compiled_rows.takes(job.a.data.dtype, job.b.data.dtype, width, _dot_block(max(width, 1)))
 
 
 PROBE_WIDTHS = (24, 1000, 2048, 4096 + 16 + 7, 24576)

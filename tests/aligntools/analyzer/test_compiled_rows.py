@@ -169,3 +169,20 @@ def test_compiled_runs_are_the_same_on_any_thread_count(monkeypatch):
     xa, xb = pair(rng, 3000, 512)
     one, two = (M.row_metrics(xa, xb, next_ids=np.arange(3000) % 512, workers=w) for w in (1, 2))
     assert all(one[k].tobytes() == two[k].tobytes() for k in one)
+
+
+def test_without_numba_compare_warns_and_runs_on_numpy(monkeypatch):
+    def missing():
+        raise ImportError("No module named 'numba'")
+
+    monkeypatch.setattr(compiled_rows, "kernels", missing)
+    monkeypatch.setenv(compiled_rows.ENV_SWITCH, "1")
+    M.compiled_path_agrees.cache_clear()
+    try:
+        rng = np.random.default_rng(7)
+        xa, xb = pair(rng, 50, 256)
+        with pytest.warns(UserWarning, match="compiled kernels unavailable"):
+            got = M.row_metrics(xa, xb)
+        assert got["n_valid"].tolist() == [256] * 50 and np.all(got["sum_d2"] > 0)
+    finally:
+        M.compiled_path_agrees.cache_clear()
