@@ -80,43 +80,34 @@ def block_sums(xa: np.ndarray, xb: np.ndarray, permille: float, acc: np.ndarray,
     ia, ib = xa.view(np.int32), xb.view(np.int32)
     for i in range(0, n32, LANES):
         for j in range(LANES):
-            a, b, x, over, dist = _terms(xa[i + j], xb[i + j], ia[i + j], ib[i + j], permille)
-            d = b - a
-            acc[0, j] += a * a
-            acc[1, j] += b * b
-            acc[2, j] += a * b
-            acc[3, j] += d * d
-            absd[i + j] = x
-            lanes[j] = x if x > lanes[j] else lanes[j]
-            cnt[j] += over
-            top[j] = dist if dist > top[j] else top[j]
+            _visit(xa, xb, ia, ib, i + j, j, permille, acc, absd, lanes, cnt, top)
     for q in range(4):
         _fold(acc[q], n32)
     for i in range(n32, n16, 16):
         for j in range(16):
-            a, b, x, over, dist = _terms(xa[i + j], xb[i + j], ia[i + j], ib[i + j], permille)
-            d = b - a
-            acc[0, j] += a * a
-            acc[1, j] += b * b
-            acc[2, j] += a * b
-            acc[3, j] += d * d
-            absd[i + j] = x
-            lanes[j] = x if x > lanes[j] else lanes[j]
-            cnt[j] += over
-            top[j] = dist if dist > top[j] else top[j]
+            _visit(xa, xb, ia, ib, i + j, j, permille, acc, absd, lanes, cnt, top)
     for q in range(4):
-        out[q] = _total(acc[q])
+        total = _total(acc[q])
+        acc[q, 0] = total  # the kernel's scalar result, to which the tail is added one by one
     for i in range(n16, n):
-        a, b, x, over, dist = _terms(xa[i], xb[i], ia[i], ib[i], permille)
-        d = b - a
-        out[0] += a * a
-        out[1] += b * b
-        out[2] += a * b
-        out[3] += d * d
-        absd[i] = x
-        lanes[0] = x if x > lanes[0] else lanes[0]
-        cnt[0] += over
-        top[0] = dist if dist > top[0] else top[0]
+        _visit(xa, xb, ia, ib, i, 0, permille, acc, absd, lanes, cnt, top)
+    out[:] = acc[:, 0]
+
+
+@njit(inline="always", **JIT)
+def _visit(xa: np.ndarray, xb: np.ndarray, ia: np.ndarray, ib: np.ndarray, i: int, lane: int, permille: float,
+           acc: np.ndarray, absd: np.ndarray, lanes: np.ndarray, cnt: np.ndarray, top: np.ndarray) -> None:
+    """Element i of ``block_sums`` into accumulator lane ``lane``."""
+    a, b, x, over, dist = _terms(xa[i], xb[i], ia[i], ib[i], permille)
+    d = b - a
+    acc[0, lane] += a * a
+    acc[1, lane] += b * b
+    acc[2, lane] += a * b
+    acc[3, lane] += d * d
+    absd[i] = x
+    lanes[lane] = x if x > lanes[lane] else lanes[lane]
+    cnt[lane] += over
+    top[lane] = dist if dist > top[lane] else top[lane]
 
 
 @njit(inline="always", **JIT)
