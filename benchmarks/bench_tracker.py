@@ -4,11 +4,12 @@
 
 Prints the median time of each variant and its ratio to the plain forward, the variants
 interleaved repeat by repeat so that load drift hits them alike: Tracker stats mode, Tracker
-tensor mode, stats mode without the derived ``logprobs``/``entropy`` sites (their float32
-log-softmax over the vocab is a fixed cost of both modes), nnsight's trace saving the same
-module-mapped sites (the same-run peer; nnsight cannot see q/k after RoPE, so the Tracker
-captures two sites per layer more, and it keeps references where the Tracker copies or
-reduces), and a Tracker tensor capture of exactly nnsight's sites (like for like).
+tensor mode (transformers' tensors kept by checked reference), tensor mode with ``copy=True``
+(every value copied in its hook, as before references), stats mode without the derived
+``logprobs``/``entropy`` sites (their float32 log-softmax over the vocab is a fixed cost of
+both modes), nnsight's trace saving the same module-mapped sites (the same-run peer; nnsight
+cannot see q/k after RoPE, so the Tracker captures two sites per layer more, and it keeps
+unchecked references), and a Tracker tensor capture of exactly nnsight's sites (like for like).
 
 Goals, all sites, at hidden 512 and 1024: stats <= 1.15x and tensor <= 1.05x of the plain
 forward, each below nnsight's ratio in the same run; the last lines say which are met. The
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     variants = {"plain forward": plain,
                 "tracker stats (all sites)": lambda: aligntools.capture(model, ids, mode="stats", progress=False),
                 "tracker tensor (all sites)": lambda: aligntools.capture(model, ids, mode="tensor", progress=False),
+                "tracker tensor, copy=True (all sites)": lambda: aligntools.capture(
+                    model, ids, mode="tensor", progress=False, copy=True),
                 "tracker stats (all but logprobs/entropy)": lambda: aligntools.capture(
                     model, ids, sites="embed,L*,final_norm,logits", mode="stats", progress=False)}
     try:

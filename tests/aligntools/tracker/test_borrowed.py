@@ -97,3 +97,16 @@ def test_transformers_model_writing_a_captured_output_in_place(hf_model, ids):
 def test_copy_must_be_a_bool(hf_model):
     with pytest.raises(ValueError, match="copy must be True or False"):
         aligntools.Tracker(hf_model("tiny-llama"), copy="yes")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_references_capture_the_bytes_copies_capture(zoo, ids, dtype):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(zoo("tiny-llama"), dtype=dtype).eval()
+    kept = aligntools.capture(model, ids, progress=False).dataset
+    copied = aligntools.capture(model, ids, progress=False, copy=True).dataset
+    assert list(kept.variables) == list(copied.variables)
+    for name in kept.variables:
+        a, b = kept[name].values, copied[name].values
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
