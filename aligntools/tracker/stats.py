@@ -9,23 +9,28 @@ Why it is written the way it is: stats mode runs on every site of every forward,
 cost is the Tracker's overhead, and that cost is per pass over the tensor and per torch
 call (on CPU a parallel call can wait for a worker thread). So the work is split in two.
 ``reduce_rows`` reads the tensor, in the hook while it exists, in a handful of calls:
-min/max in float32 (exact), one float64 copy per cache-sized row block feeding both
-float64 sums (no float64 copy of the whole tensor), and the hash as an exact int8 matrix
-product. ``finish_rows`` does the per-row arithmetic on what was read (amax, the hash's
+min/max and both float64 sums in one compiled pass that replays torch's summation order
+(``row_kernel``; elsewhere min/max in float32 and one float64 copy per cache-sized row
+block feeding both sums), and the hash as an exact int8 matrix product. ``finish_rows`` does the per-row arithmetic on what was read (amax, the hash's
 modular fold, the stat columns) once per flush, for every site in one batch of calls.
 ``row_stats`` is both, for one tensor.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 
+from aligntools.tracker import row_kernel
+
 STAT_NAMES: tuple[str, ...] = ("min", "max", "mean", "l2", "amax", "n_nan", "n_inf", "hash")
 
 _BLOCK = 1 << 18  # elements per float64-summed block on CPU (a 2 MiB temporary)
+_LONE_ROW = 1 << 15  # torch's GRAIN_SIZE: a lone row this long is reduced by several threads
 _LANES = 8  # int32 lane sums per row folded into the hash
 _CHUNK = 1 << 17  # bytes per product: 2**17 terms of |byte * weight| <= 128 * 127 stay below 2**31
 _P1, _P2 = 2_147_483_647, 2_097_143  # primes below 2**31 and 2**21: 31 + 21 = 52 hash bits
@@ -66,9 +71,14 @@ def reduce_rows(x: torch.Tensor) -> RowReduction:
     rows = x.detach() if x.dim() == 2 else x.detach().reshape(x.shape[0], -1)  # [N, D]
     flt = rows if rows.dtype == torch.float32 else rows.to(torch.float32)
     lanes = hash_lanes(flt if rows.is_floating_point() else rows.to(torch.int64))
-    # separate amin/amax: torch.aminmax is ~50x slower on CPU; both refuse empty rows
-    mn, mx = (flt.amin(1), flt.amax(1)) if flt.shape[1] else (flt.sum(1),) * 2  # [N] each
-    total, l2 = _sum_l2(flt)
+    if _compiled_applies(flt):  # the same bits in one pass (row_kernel)
+        mn, mx, total, l2 = row_kernel.row_sums(flt)
+        if _has_zero(mn) or _has_zero(mx):  # a zero's sign depends on torch's order
+            mn, mx = flt.amin(1), flt.amax(1)
+    else:
+        # separate amin/amax: torch.aminmax is ~50x slower on CPU; both refuse empty rows
+        mn, mx = (flt.amin(1), flt.amax(1)) if flt.shape[1] else (flt.sum(1),) * 2  # [N] each
+        total, l2 = _sum_l2(flt)
     # float64 sums of float32 values cannot overflow: a non-finite total means NaN/inf entries
     if math.isfinite(total.sum().item()):
         return RowReduction(mn, mx, total / flt.shape[1], l2, lanes)
@@ -113,6 +123,36 @@ def _sum_l2(flt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return wide.sum(1), torch.linalg.vector_norm(wide, dim=1)
     sums, norms = zip(*(_sum_l2(block) for block in flt.split(per)))  # views, [per, D] each
     return torch.cat(sums), torch.cat(norms)
+
+
+def _compiled_applies(flt: torch.Tensor) -> bool:
+    """Where ``row_kernel`` gives torch's bits: contiguous float32 rows on the CPU shorter
+    than ``_LONE_ROW`` (torch sums a lone longer row in parallel halves), on a build where
+    the kernel was checked to agree."""
+    return (flt.is_cpu and flt.dtype == torch.float32 and 0 < flt.shape[1] < _LONE_ROW
+            and flt.is_contiguous() and _kernel_agrees())
+
+
+def _has_zero(values: torch.Tensor) -> bool:
+    return bool((values.numpy() == 0).any())
+
+
+@functools.cache
+def _kernel_agrees() -> bool:
+    """Once per process: the compiled sums, norms, min and max of awkward rows (widths
+    around every lane, step and level boundary, a 1e-30..1e30 range) equal torch's bit for
+    bit; if not (another torch build, another CPU), stats mode keeps torch's path."""
+    g = torch.Generator().manual_seed(0xC0DE)
+    for n, d in [(1, 1), (3, 5), (2, 63), (9, 64), (5, 65), (64, 255), (7, 1024 + 3), (3, 4096 * 4 + 17),
+                 (2, 32767), (600, 37)]:
+        x = torch.randn(n, d, generator=g) * torch.exp(torch.randn(n, d, generator=g) * 8)
+        got = row_kernel.row_sums(x)
+        want = (x.amin(1), x.amax(1), *_sum_l2(x))
+        if not all(torch.equal(a.view(torch.int8), b.view(torch.int8)) for a, b in zip(got, want)):
+            warnings.warn("stats: the compiled row kernel does not reproduce torch's sums on this build; "
+                          "using torch's path (same values, slower)", stacklevel=2)
+            return False
+    return True
 
 
 def _masked_stats(flt: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -1,6 +1,7 @@
 """The Tracker's fast paths give the values of the straightforward formulas, bit for bit.
 
-Stats are reduced in the hook and finished in one batch per flush, the derived sites run in
+Stats are reduced in the hook (min, max and the float64 sums in one compiled pass that replays
+torch's summation order) and finished in one batch per flush, the derived sites run in
 row blocks with torch's logsumexp steps written out, and tensor captures keep the engine's
 dtype until written (and skip copies of what the adapter made): each is checked against the
 formula it replaces, on every byte (NaN payloads included).
@@ -126,3 +127,38 @@ def test_tensor_mode_copies_what_the_engine_may_still_hold_and_keeps_what_it_was
     rec.finish({}, complete=True)
     ds = rec.dataset()
     assert ds["embed"].values.any() and ds["final_norm"].values.tobytes() == made_for_us.numpy().tobytes()
+
+
+def kernel_rows() -> list[torch.Tensor]:
+    """float32 rows around every lane, ILP, cascade-step and level boundary of torch's sums,
+    with a 1e-30..1e30 spread of magnitudes (so any change of order changes the bits)."""
+    g = torch.Generator().manual_seed(11)
+    widths = [*range(1, 80), 255, 256, 257, 1023, 1024, 1025, 4096 + 17, 16 * 16 * 16 + 5, 32767]
+    widths += torch.randint(1, 32768, (40,), generator=g).tolist()
+    return [torch.randn(n, d, generator=g) * torch.exp(torch.randn(n, d, generator=g) * 7)
+            for i, d in enumerate(widths) for n in ((1, 2, 5, 9)[i % 4],)]
+
+
+def test_compiled_row_kernel_is_torch_bit_for_bit():
+    from aligntools.tracker import row_kernel
+
+    if not stats._kernel_agrees():
+        pytest.skip("this torch build sums in another order: stats mode uses torch's path")
+    for x in kernel_rows() + [torch.randn(600, 37), torch.randn(2, 32767) * 1e30]:
+        got = row_kernel.row_sums(x)
+        want = (x.amin(1), x.amax(1), *stats._sum_l2(x))
+        for name, a, b in zip(("min", "max", "sum", "l2"), got, want):
+            assert torch.equal(bits(a), bits(b)), (name, tuple(x.shape))
+
+
+def test_stats_with_and_without_the_compiled_kernel_are_the_same_bytes(monkeypatch):
+    signed_zeros = torch.randn(6, 40)
+    signed_zeros[0] = signed_zeros[0].abs()
+    signed_zeros[0, 3] = -0.0  # min is -0.0 or 0.0 depending on the order: torch's is kept
+    signed_zeros[1] = -signed_zeros[1].abs()
+    signed_zeros[1, 7] = 0.0
+    xs = awkward_rows() + kernel_rows()[::7] + [signed_zeros, torch.zeros(3, 16), -torch.zeros(3, 16)]
+    fast = [stats.row_stats(x) for x in xs]
+    monkeypatch.setattr(stats, "_compiled_applies", lambda flt: False)
+    for x, got in zip(xs, fast):
+        assert torch.equal(bits(got), bits(stats.row_stats(x))), tuple(x.shape)
