@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import platform
+import sys
 import weakref
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -121,6 +122,7 @@ def create_llm(path: str | os.PathLike, dtype: str = "float32", **options: objec
                               "of capture hooks; unset it or set it to 0")
     check_model(path)
     _make_room_for_experts(path)
+    _keep_llvmlite_out_of_vllms_scan()
     from vllm import LLM
 
     kwargs = {k: v for k, v in options.items() if k != "prefix_caching"}
@@ -128,6 +130,15 @@ def create_llm(path: str | os.PathLike, dtype: str = "float32", **options: objec
               enable_prefix_caching=bool(options.get("prefix_caching", False)), **kwargs)
     keep_parallel_groups(llm)
     return llm
+
+
+def _keep_llvmlite_out_of_vllms_scan() -> None:
+    """vLLM's start-up scan of every module crashes on llvmlite's ``ffi.lib`` once numba is
+    loaded, by us or by the caller (``aligntools.numba_safe``): patch it if it is there."""
+    if "llvmlite.binding.ffi" in sys.modules:
+        from aligntools.numba_safe import guard
+
+        guard()
 
 
 def keep_parallel_groups(llm: object) -> None:

@@ -29,7 +29,10 @@ reassociating any sum (only ``contract``, i.e. FMA, is allowed, as the BLAS kern
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from aligntools.numba_safe import numba
+
+njit = numba.njit
 
 JIT = {"nogil": True, "cache": True, "fastmath": {"contract"}, "error_model": "numpy", "boundscheck": False}
 """``contract`` only: products fused into adds like the BLAS kernel, never reassociated."""

@@ -31,11 +31,12 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-import numba
 import numpy as np
 import torch
 from numba.core import config as numba_config
 from numba.core.compiler_lock import global_compiler_lock
+
+from aligntools.numba_safe import numba
 
 _LANES, _ILP, _LEVELS, _MIN_BITS = 4, 4, 4, 4  # torch: Vectorized<double> here, ilp_factor, num_levels, level power
 
