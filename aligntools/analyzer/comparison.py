@@ -27,6 +27,7 @@ import torch
 import xarray as xr
 
 from aligntools import sites as S
+from aligntools.analyzer import logit_metrics as L
 from aligntools.analyzer import metrics as M
 from aligntools.analyzer.diagnosis import Finding, diagnose
 from aligntools.analyzer.divergence import GROWTH_THRESHOLD, Divergence, first_divergence, growth
@@ -323,10 +324,10 @@ def _tensor_result(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
     rows, summary = M.derive(sums), {k: float(v) for k, v in M.derive(M.aggregate(sums)).items()}
     summary["n_tokens"] = int(np.count_nonzero(sums["n_valid"]))
     summary["nan_rows"] = _nan_rows(site, a, b, al, rows)
-    if M.LOGIT_ROWS[0] in out:
-        lr = M.mask_rows(out, valid=sums["n_valid"] > 0)
+    if L.LOGIT_ROWS[0] in out:
+        lr = L.mask_rows(out, valid=sums["n_valid"] > 0)
         rows.update(lr)
-        summary.update(M.logit_summary(lr))
+        summary.update(L.logit_summary(lr))
     return SiteResult(basis="tensor", rows=rows, summary=summary, **_site_base(site, a, b))
 
 

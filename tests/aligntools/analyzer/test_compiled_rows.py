@@ -17,6 +17,7 @@ import pytest
 
 from aligntools.analyzer import compiled_rows
 from aligntools.analyzer import metrics as M
+from aligntools.analyzer.logit_metrics import LOGIT_ROWS
 
 
 def both_paths(xa: np.ndarray, xb: np.ndarray, next_ids: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
@@ -26,7 +27,7 @@ def both_paths(xa: np.ndarray, xb: np.ndarray, next_ids: np.ndarray | None = Non
     for compiled in (False, True):
         out = {k: np.zeros(rows) for k in M.ROW_SUMS}
         if next_ids is not None:
-            out |= {k: np.full(rows, np.nan) for k in M.LOGIT_ROWS}
+            out |= {k: np.full(rows, np.nan) for k in LOGIT_ROWS}
         with np.errstate(all="ignore"):
             M.chunk_metrics(xa, xb, M.Workspace(compiled), slice(0, rows), out, next_ids)
         got.append(out)

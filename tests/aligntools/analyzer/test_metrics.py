@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from aligntools.analyzer import logit_metrics as L
 from aligntools.analyzer import metrics as M
 
 
@@ -91,7 +92,7 @@ def test_logit_metrics_match_torch():
     np.testing.assert_allclose(r["dlogprob"][nxt >= 0], exp[nxt >= 0])
     assert np.isnan(r["dlogprob"][4])
     assert r["top1"].tolist() == (la.argmax(-1) == lb.argmax(-1)).double().tolist()
-    s = M.logit_summary(r)
+    s = L.logit_summary(r)
     assert s["dlogprob_max"] == pytest.approx(np.nanmax(r["dlogprob"]))
 
 
@@ -112,7 +113,7 @@ def test_all_nan_row_on_one_side_is_missing_not_a_nan_finding():
     assert rows["missing_b"].tolist() == [0, 1, 0] and rows["nonfinite_mismatch"].sum() == 0
     assert np.isnan(rows["rel_l2"][1]) and rows["rel_l2"][0] == pytest.approx(0.01, rel=1e-5)
     lr = M.logit_rows(a, b, np.array([0, 1, -1]), valid=s["n_valid"] > 0)
-    assert np.isnan(lr["top1"][1]) and M.logit_summary(lr)["top1_agree"] == 1.0
+    assert np.isnan(lr["top1"][1]) and L.logit_summary(lr)["top1_agree"] == 1.0
 
 
 def test_kl_with_masked_vocab_entries():
