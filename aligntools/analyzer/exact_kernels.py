@@ -176,11 +176,11 @@ def _pairwise_leaf(x: np.ndarray, lo: int, n: int) -> float:
 
 
 @njit(**JIT)
-def pairwise(x: np.ndarray, acc: np.ndarray, stack: np.ndarray) -> float:
+def pairwise(x: np.ndarray, left: np.ndarray, stack: np.ndarray) -> float:
     """numpy's ``x.sum()`` of a float64 vector [n] (0.0 + pairwise sum). The recursion
     sum(lo, n) = sum(lo, h) + sum(lo + h, n - h) is walked with an explicit stack (numba's
-    cached code cannot recurse). acc: [32] scratch; stack: int64 [64, 3] scratch."""
-    left = acc[8:]  # partial sums of frames waiting for their right half (depth < 24)
+    cached code cannot recurse). left: float64 [>= 32] scratch for the sums of frames
+    waiting for their right half (one per level); stack: int64 [64, 3] scratch."""
     top = 0
     stack[0, 0], stack[0, 1], stack[0, 2] = 0, x.shape[0], 0  # lo, n, state (0 new, 1 left done)
     v = 0.0

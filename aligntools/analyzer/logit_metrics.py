@@ -50,7 +50,8 @@ def _log_partition(x: np.ndarray, top: np.ndarray, ez: np.ndarray) -> tuple[np.n
     sum of exp(x - max) [r]), with exp(x - max) left in ``ez``: log p = x - log Z. x[argmax]
     is the row max (NaN where the row holds a NaN, like ``max``). The exp is always numpy's
     (its SIMD exp rounds differently from libm's); the compiled path only shifts and sums."""
-    if x.dtype == np.float32:
+    compiled = x.dtype == np.float32  # numpy's path hands its float64 copy
+    if compiled:
         m = compiled_rows.kernels().shift_rows(x, top, ez)
     else:
         m = x[np.arange(len(x)), top]
@@ -58,7 +59,7 @@ def _log_partition(x: np.ndarray, top: np.ndarray, ez: np.ndarray) -> tuple[np.n
         np.subtract(x, m[:, None], out=ez)
     np.exp(ez, out=ez)
     s = np.empty(len(x))
-    if x.dtype == np.float32:
+    if compiled:
         compiled_rows.kernels().row_pairwise(ez, s)
     else:
         np.add.reduce(ez, axis=1, out=s)
