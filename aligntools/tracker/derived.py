@@ -9,10 +9,11 @@ next token arrives one step later, so the row's log-softmax is kept until then: 
 [vocab] row per request, never the full [tokens, vocab] table.
 
 Why it is written out the way it is: these are the most expensive values the Tracker
-computes (two ``exp`` passes over [tokens, vocab]), inside the engine's forward. On the CPU
-the logits go through in row blocks of a few MiB with one reused scratch block, so no
-[tokens, vocab] temporary is allocated (a fresh one page-faults on every forward); every
-step is the torch call of the plain formula on whole rows, so the values are the same bits.
+computes (an ``exp`` over [tokens, vocab]), inside the engine's forward. One ``exp`` pass
+serves both sites (the entropy reuses exp(x - max) instead of a second exp(x - lse) pass).
+On the CPU the logits go through in row blocks of a few MiB with one reused scratch block,
+so no [tokens, vocab] temporary is allocated (a fresh one page-faults on every forward);
+every step is a torch call on whole rows, so the logsumexp is ``torch.logsumexp``'s bits.
 """
 
 from __future__ import annotations
@@ -65,16 +66,26 @@ class NextTokenLogprobs:
 
 def _lse_entropy(logits: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logsumexp [n, 1], entropy [n] on the CPU or None) of ``logits`` [n, V] in float32,
-    H = lse - sum(p * x) with p = exp(x - lse), a row block at a time."""
+    a row block at a time.
+
+    One ``exp`` pass serves both: with d = x - max, e = exp(d) and s = sum(e),
+    lse = log(s) + max and H = log(s) - sum(e * d) / s (p = e / s). The ``exp`` is most of
+    the cost, and the textbook second pass, p = exp(x - lse), only re-derives e / s. Summing
+    the shifted d instead of x also keeps the entropy accurate for peaked rows: with
+    sum(p * x) both terms are ~max and cancel, an error of eps * max instead of eps * H
+    (measured: 5e-3 vs 1.4e-7 on N(0, 100^2) logits, against float64).
+    """
     blocks = _row_blocks(logits)
-    scratch = logits.new_empty((max(map(len, blocks)), logits.shape[1]), dtype=torch.float32)  # reused
+    scratch = logits.new_empty((2, max(map(len, blocks)), logits.shape[1]), dtype=torch.float32)  # reused
     lses, ents = [], []
     for block in blocks:
         x = block.to(torch.float32)  # [b, V]
-        lse = _logsumexp(x, scratch[:len(x)])  # [b, 1]
-        lses.append(lse)
+        d, e = scratch[:, :len(x)]  # [b, V] each
+        total, top = _sum_exp(x, d, e)  # [b, 1] each
+        lse = total.log()  # [b, 1]
         if entropy:
-            ents.append(lse[:, 0] - _expected_logit(x, lse, scratch[:len(x)]))
+            ents.append(lse[:, 0] - e.mul_(d).sum(-1).div_(total[:, 0]))
+        lses.append(lse.add_(top))
     return torch.cat(lses), torch.cat(ents).cpu() if entropy else None
 
 
@@ -95,18 +106,15 @@ def _row_blocks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return x.split(sizes)
 
 
-def _logsumexp(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """``torch.logsumexp(x, -1, keepdim=True)`` of ``x`` [b, V] -> [b, 1], using ``scratch`` [b, V].
+def _sum_exp(x: torch.Tensor, d: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum(exp(x - top)) [b, 1], top [b, 1]) of ``x`` [b, V], writing x - top into ``d``
+    and exp(x - top) into ``e``.
 
-    The same calls in the same order as torch's own (bit-identical, tested), written out so
-    that its [b, V] temporary is the caller's reused block instead of a fresh allocation.
+    ``log(sum) + top`` is ``torch.logsumexp(x, -1, keepdim=True)`` bit for bit (the same
+    calls in the same order as torch's own, tested), written out so that its [b, V]
+    temporaries are the caller's reused blocks and stay readable for the entropy.
     """
     top = x.amax(-1, keepdim=True)  # [b, 1]
     top.masked_fill_(top.abs() == float("inf"), 0)
-    return torch.sub(x, top, out=scratch).exp_().sum(-1, keepdim=True).log_().add_(top)
-
-
-def _expected_logit(x: torch.Tensor, lse: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """sum(p * x) per row of ``x`` [b, V], p = exp(x - lse), computed in ``scratch`` [b, V]
-    (the elementwise steps of ``(torch.exp(x - lse) * x).sum(-1)`` in place: the same bits)."""
-    return torch.sub(x, lse, out=scratch).exp_().mul_(x).sum(-1)  # [b]
+    torch.sub(x, top, out=d)
+    return torch.exp(d, out=e).sum(-1, keepdim=True), top

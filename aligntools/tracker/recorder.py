@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from aligntools.tracker.borrowed import Borrowed, can_borrow
 from aligntools.tracker.store import EMITTED, TOKEN, MemoryStore, Store, VarSpec
 from aligntools.tracker.derived import NextTokenLogprobs
-from aligntools.sites import TOKEN_COORDS, sort_sites, trailing_dims
+from aligntools.sites import TOKEN_COORDS, trailing_dims
 from aligntools.tracker.stats import STAT_NAMES, RowReduction, finish_rows, reduce_rows, row_stats
 from aligntools.tracker.token_meta import TokenMetaLike
 
@@ -371,5 +371,4 @@ class Recorder:
         """The in-memory dataset, variables in execution order (MemoryStore, after ``finish``)."""
         if not isinstance(self.store, MemoryStore):
             raise TypeError("dataset() is for in-memory captures; load the file the store wrote")
-        ds = self.store.dataset()
-        return ds[sort_sites([str(v) for v in ds.data_vars])]
+        return self.store.dataset()

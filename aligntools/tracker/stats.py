@@ -73,7 +73,7 @@ def reduce_rows(x: torch.Tensor) -> RowReduction:
     lanes = hash_lanes(flt if rows.is_floating_point() else rows.to(torch.int64))
     if _compiled_applies(flt):  # the same bits in one pass (row_kernel)
         mn, mx, total, l2 = row_kernel.row_sums(flt)
-        if _has_zero(mn) or _has_zero(mx):  # a zero's sign depends on torch's order
+        if not (mn.numpy().all() and mx.numpy().all()):  # a zero: its sign depends on torch's order
             mn, mx = flt.amin(1), flt.amax(1)
     else:
         # separate amin/amax: torch.aminmax is ~50x slower on CPU; both refuse empty rows
@@ -131,10 +131,6 @@ def _compiled_applies(flt: torch.Tensor) -> bool:
     the kernel was checked to agree."""
     return (flt.is_cpu and flt.dtype == torch.float32 and 0 < flt.shape[1] < _LONE_ROW
             and flt.is_contiguous() and _kernel_agrees())
-
-
-def _has_zero(values: torch.Tensor) -> bool:
-    return bool((values.numpy() == 0).any())
 
 
 @functools.cache

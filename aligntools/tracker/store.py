@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import xarray as xr
 
-from aligntools.sites import TOKEN_COORDS
+from aligntools.sites import TOKEN_COORDS, sort_sites
 
 TOKEN = "token"
 EMITTED = "emitted."  # prefix of the per-site int8 row masks: 1 where the engine emitted the row
@@ -61,7 +61,8 @@ def is_coord(name: str) -> bool:
 
 
 class MemoryStore:
-    """Rows kept as numpy blocks; ``dataset()`` concatenates them once at the end."""
+    """Rows kept as numpy blocks; ``dataset()`` concatenates them once at the end, the
+    sites in execution order."""
 
     def __init__(self, attrs: dict) -> None:
         self.attrs = dict(attrs)
@@ -105,7 +106,7 @@ class MemoryStore:
                   for n in list(data) if is_coord(n)}
         for name, (spec, values) in self._static.items():
             coords[name] = xr.Variable(spec.dims, values, spec.attrs)
-        variables = {n: xr.Variable(self._specs[n].dims, a, self._specs[n].attrs) for n, a in data.items()}
+        variables = {n: xr.Variable(self._specs[n].dims, data[n], self._specs[n].attrs) for n in sort_sites(list(data))}
         return xr.Dataset(variables, coords=coords, attrs=self.attrs)
 
 

@@ -17,7 +17,7 @@ import torch
 
 import aligntools
 from aligntools.tracker import stats
-from aligntools.tracker.derived import NextTokenLogprobs, _logsumexp
+from aligntools.tracker.derived import NextTokenLogprobs, _sum_exp
 from aligntools.tracker.recorder import CaptureBudgetExceeded, Recorder
 from aligntools.tracker.store import MemoryStore
 from aligntools.tracker.token_meta import TokenMeta
@@ -66,7 +66,8 @@ def test_logsumexp_written_out_is_torch_logsumexp():
             x[0] = -float("inf")
             x[1, 3] = float("inf")
             x[2, 5] = float("nan")
-        got = _logsumexp(x, torch.empty_like(x))
+        total, top = _sum_exp(x, torch.empty_like(x), torch.empty_like(x))
+        got = total.log() + top
         assert torch.equal(bits(got), bits(torch.logsumexp(x, -1, keepdim=True))), shape
 
 
@@ -80,12 +81,27 @@ def test_logprobs_and_entropy_equal_the_plain_formula(n, vocab):
     token_of = {(0, p): (13 * p) % vocab for p in range(n)}
     lp, ent = NextTokenLogprobs().on_logits(torch.arange(n), keys, logits, token_of)
     lse = torch.logsumexp(logits, -1, keepdim=True)
-    want_ent = lse[:, 0] - (torch.exp(logits - lse) * logits).sum(-1)
+    shifted = logits - logits.amax(-1, keepdim=True)
+    e = torch.exp(shifted)
+    want_ent = e.sum(-1).log() - (e * shifted).sum(-1) / e.sum(-1)
     want_lp = torch.full((n,), float("nan"))
     for i, (r, p) in enumerate(keys):
         if (r, p + 1) in token_of:
             want_lp[i] = logits[i, token_of[(r, p + 1)]] - lse[i, 0]
     assert torch.equal(bits(ent), bits(want_ent)) and torch.equal(bits(lp), bits(want_lp))
+
+
+@pytest.mark.parametrize("scale", [0.1, 4, 100])
+def test_entropy_is_accurate_against_float64_also_for_peaked_rows(scale):
+    """The one-exp-pass entropy sums p * (x - max): for peaked rows the textbook
+    lse - sum(p * x) cancels two ~max terms (an error of eps * max, 5e-3 at scale 100)."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(40, 8192, generator=g) * scale
+    keys = [(0, p) for p in range(40)]
+    _, ent = NextTokenLogprobs(logprobs=False).on_logits(torch.arange(40), keys, logits, {})
+    x = logits.double()
+    want = -(torch.softmax(x, -1) * torch.log_softmax(x, -1)).sum(-1)
+    assert (ent.double() - want).abs().max() < 8 * torch.finfo(torch.float32).eps * max(1.0, float(want.max()))
 
 
 def test_bf16_tensor_capture_is_widened_when_written(zoo, ids):
