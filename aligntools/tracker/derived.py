@@ -84,9 +84,21 @@ def _lse_entropy(logits: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, tor
         total, top = _sum_exp(x, d, e)  # [b, 1] each
         lse = total.log()  # [b, 1]
         if entropy:
-            ents.append(lse[:, 0] - e.mul_(d).sum(-1).div_(total[:, 0]))
+            ents.append(_fix_masked(lse[:, 0] - e.mul_(d).sum(-1).div_(total[:, 0]), x, top, lse))
         lses.append(lse.add_(top))
     return torch.cat(lses), torch.cat(ents).cpu() if entropy else None
+
+
+def _fix_masked(ent: torch.Tensor, x: torch.Tensor, top: torch.Tensor, log_s: torch.Tensor) -> torch.Tensor:
+    """``ent`` [b] with its rows that hold masked (-inf) logits recomputed: there e * d is
+    0 * -inf = NaN, while a masked token has p = 0 and adds nothing (0 log 0 = 0). A row
+    with a NaN logit or no finite one stays NaN (``log_s`` [b, 1] is NaN / -inf there)."""
+    redo = torch.nonzero(ent.isnan() & log_s[:, 0].isfinite())[:, 0]
+    if len(redo):
+        d = x[redo] - top[redo]  # [k, V]
+        e = d.exp()
+        ent[redo] = log_s[redo, 0] - torch.where(e > 0, e * d, 0.0).sum(-1) / e.sum(-1)
+    return ent
 
 
 def _row_blocks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -104,6 +104,23 @@ def test_entropy_is_accurate_against_float64_also_for_peaked_rows(scale):
     assert (ent.double() - want).abs().max() < 8 * torch.finfo(torch.float32).eps * max(1.0, float(want.max()))
 
 
+def test_entropy_of_masked_vocab_rows_skips_the_masked_tokens():
+    """-inf logits (a masked vocabulary: logit bias, structured output) have p = 0 and add
+    nothing (0 log 0 = 0) instead of 0 * -inf = NaN; a NaN logit or an all-masked row has
+    no distribution and stays NaN."""
+    x = torch.randn(6, 1000, generator=torch.Generator().manual_seed(4)) * 3
+    x[1, :500] = -float("inf")
+    x[2, 7] = float("nan")
+    x[3] = -float("inf")
+    x[4, :999] = -float("inf")  # one token left: H = 0
+    _, ent = NextTokenLogprobs(logprobs=False).on_logits(torch.arange(6), [(0, p) for p in range(6)], x, {})
+    p, logp = torch.softmax(x.double(), -1), torch.log_softmax(x.double(), -1)
+    want = -torch.where(p > 0, p * logp, 0.0).sum(-1)
+    ok = [0, 1, 4, 5]
+    torch.testing.assert_close(ent[ok].double(), want[ok], rtol=0, atol=1e-5)
+    assert ent[2].isnan() and ent[3].isnan()
+
+
 def test_bf16_tensor_capture_is_widened_when_written(zoo, ids):
     import transformers
 
