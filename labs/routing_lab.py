@@ -21,7 +21,7 @@ import transformers
 from matplotlib.figure import Figure
 
 import aligntools
-from aligntools.analyzer.metrics import topk_rows
+from aligntools.analyzer.routing_diff import topk_rows
 from aligntools.gates.inputs import prepare_tokens
 from labs import zoo
 from minirl import Engine, Knobs, SamplingParams

@@ -31,7 +31,8 @@ from aligntools.analyzer import logit_metrics as L
 from aligntools.analyzer import metrics as M
 from aligntools.analyzer.diagnosis import Finding, diagnose
 from aligntools.analyzer.divergence import GROWTH_THRESHOLD, Divergence, first_divergence, growth
-from aligntools.analyzer.routing_diff import routing_diff
+from aligntools.analyzer.routing_diff import routing_diff, topk_rows
+from aligntools.analyzer.stats_metrics import stats_rows, stats_summary
 from aligntools.analyzer.sweep import Rows, disk_budget
 from aligntools.analyzer.token_align import Alignment, next_token_ids
 from aligntools.analyzer.token_align import align as align_tokens
@@ -299,11 +300,11 @@ def _small_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
     va, vb = a[site], b[site]
     base = _site_base(site, a, b)
     if "stat" in va.dims or "stat" in vb.dims:
-        rows = M.stats_rows(_stats(va, al.idx_a, max_memory), _stats(vb, al.idx_b, max_memory))
+        rows = stats_rows(_stats(va, al.idx_a, max_memory), _stats(vb, al.idx_b, max_memory))
         if S.parse(site).kind == "topk_ids":  # stats of expert ids: only equality means something
             return SiteResult(basis="ids", rows={"exact": rows["exact"]},
                               summary={"exact": float(rows["exact"].mean())}, **base)
-        summary = M.stats_summary(rows)
+        summary = stats_summary(rows)
         return SiteResult(basis="stats", rows=rows, summary=summary, **base)
     ints = [np.issubdtype(v.dtype, np.integer) for v in (va, vb)]
     if va.shape[1:] != vb.shape[1:] or ints[0] != ints[1]:
@@ -311,7 +312,7 @@ def _small_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
                           f"{vb.dtype}{vb.shape[1:]}", **base)
     if all(ints):
         xa, xb = va.values, vb.values
-        rows = M.topk_rows(*(x if i is None else x[i] for x, i in ((xa, al.idx_a), (xb, al.idx_b))))
+        rows = topk_rows(*(x if i is None else x[i] for x, i in ((xa, al.idx_a), (xb, al.idx_b))))
         return SiteResult(basis="ids", rows=rows, summary={k: float(v.mean()) for k, v in rows.items()}, **base)
     return None
 

@@ -14,12 +14,19 @@ import pandas as pd
 import xarray as xr
 
 from aligntools import sites as S
-from aligntools.analyzer.metrics import topk_rows
 from aligntools.analyzer.token_align import Alignment
 
 TIE_EPS = 1e-3
 """Margin below which a flip counts as a near-tie when side b has no router scores to
 measure the score error with."""
+
+
+def topk_rows(ids_a: np.ndarray, ids_b: np.ndarray) -> dict[str, np.ndarray]:
+    """Per token: ``set_flip`` = top-k *sets* differ; ``order_flip`` = same set, other order."""
+    same_set = (np.sort(ids_a, axis=1) == np.sort(ids_b, axis=1)).all(axis=1)
+    same_order = (ids_a == ids_b).all(axis=1)
+    return {"set_flip": (~same_set).astype(np.float64),
+            "order_flip": (same_set & ~same_order).astype(np.float64)}
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from aligntools.analyzer.metrics import aggregate, derive, row_sums, topk_rows
+from aligntools.analyzer.metrics import aggregate, derive, row_sums
+from aligntools.analyzer.routing_diff import topk_rows
 from aligntools.sites import parse
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -8,6 +8,7 @@ import torch
 
 from aligntools.analyzer import logit_metrics as L
 from aligntools.analyzer import metrics as M
+from aligntools.analyzer.routing_diff import topk_rows
 
 
 def site_metrics(a, b, **kw):
@@ -99,7 +100,7 @@ def test_logit_metrics_match_torch():
 def test_topk_set_and_order_flips():
     a = np.array([[1, 2], [1, 2], [1, 2]])
     b = np.array([[1, 2], [2, 1], [1, 3]])
-    r = M.topk_rows(a, b)
+    r = topk_rows(a, b)
     assert r["set_flip"].tolist() == [0, 0, 1] and r["order_flip"].tolist() == [0, 1, 0]
 
 
