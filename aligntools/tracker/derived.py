@@ -26,7 +26,7 @@ _BLOCK = 1 << 20  # logits per row block on the CPU (a 4 MiB float32 scratch, re
 
 class NextTokenLogprobs:
     """Computes entropy at once and logprobs as soon as each next token is known, each only
-    when asked for: the entropy costs a second ``exp`` pass over the logits."""
+    when asked for: the entropy costs an extra multiply-and-sum pass over the logits."""
 
     def __init__(self, logprobs: bool = True, entropy: bool = True) -> None:
         self.logprobs, self.entropy = logprobs, entropy
