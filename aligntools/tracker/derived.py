@@ -73,7 +73,7 @@ def _lse_entropy(logits: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, tor
     the cost, and the textbook second pass, p = exp(x - lse), only re-derives e / s. Summing
     the shifted d instead of x also keeps the entropy accurate for peaked rows: with
     sum(p * x) both terms are ~max and cancel, an error of eps * max instead of eps * H
-    (measured: 5e-3 vs 1.4e-7 on N(0, 100^2) logits, against float64).
+    (measured: 5e-3 vs 1.1e-7 on [64, 8192] N(0, 100^2) logits, against float64).
     """
     blocks = _row_blocks(logits)
     scratch = logits.new_empty((2, max(map(len, blocks)), logits.shape[1]), dtype=torch.float32)  # reused
