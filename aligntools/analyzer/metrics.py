@@ -360,6 +360,6 @@ def aggregate(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def logit_rows(a: np.ndarray, b: np.ndarray, next_ids: np.ndarray, idx_a: np.ndarray | None = None,
                idx_b: np.ndarray | None = None, valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Distribution metrics per token from logits a, b [N, V] (``LOGIT_ROWS`` of
-    ``row_metrics``; see ``_logit_chunk``). Rows outside ``valid`` ([N] bool, e.g. not
+    ``row_metrics``; see ``logit_metrics.logit_chunk``). Rows outside ``valid`` ([N] bool, e.g. not
     captured on one side) are NaN."""
     return mask_rows(row_metrics(a, b, idx_a, idx_b, next_ids), valid)
