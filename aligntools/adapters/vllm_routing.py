@@ -126,15 +126,18 @@ class RoutingRecorder:
         return torch.cat([out, out[-1:]])  # the final token is never fed: repeat (see module docstring)
 
     def _slices(self) -> dict[str, list[tuple[_Step, int]]]:
-        """Request id without vLLM's random suffix -> its (forward, row block) in forward order;
-        built once per recording, so looking up every sample of a batch stays linear."""
+        """Request id, with and without vLLM's random suffix -> its (forward, row block) in
+        forward order; built once per recording, so looking up every sample of a batch stays
+        linear."""
         if self._index is None:
             self._index = {}
+            n_layers = len(self.routers)
             for step in self.steps:
-                if len(step.experts) != len(self.routers):
-                    raise RuntimeError(f"a vLLM forward routed {len(step.experts)} of {len(self.routers)} MoE layers")
+                if len(step.experts) != n_layers:
+                    raise RuntimeError(f"a vLLM forward routed {len(step.experts)} of {n_layers} MoE layers")
                 for i, rid in enumerate(step.req_ids):
-                    self._index.setdefault(rid.rsplit("-", 1)[0], []).append((step, i))
+                    for key in {rid.rsplit("-", 1)[0], rid}:  # an id that has no suffix matches whole
+                        self._index.setdefault(key, []).append((step, i))
         return self._index
 
 

@@ -219,7 +219,8 @@ def _nan_rows(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment, rows: dict
     for ds, idx, side in ((a, al.idx_a, "missing_a"), (b, al.idx_b, "missing_b")):
         if EMITTED + site in ds.coords:  # (not .get: a miss builds a did-you-mean message, ~0.5 ms)
             emitted = np.asarray(ds.coords[EMITTED + site].values) == 1
-            count += int(np.count_nonzero(np.asarray(rows[side], dtype=bool) & (emitted if idx is None else emitted[idx])))
+            emitted = emitted if idx is None else emitted[idx]
+            count += int(np.count_nonzero(np.asarray(rows[side], dtype=bool) & emitted))
     return count
 
 

@@ -8,9 +8,10 @@ the GIL released, so the threads of ``sweep`` scale.
 
 Each float sum copies the order of the call it replaces:
 
-- dot products (``dots4``, ``dot_diff``): OpenBLAS's ``ddot`` as numpy's ``vecdot`` calls it on this build (the SkylakeX /
-  Cooper Lake kernel, ``kernel/x86_64/ddot_microk_skylakex-2.c``): 32 lanes (four 8-wide
-  accumulators, fused multiply-add) over the first ``n & ~31`` elements, folded to 16 lanes,
+- dot products (``block_sums``, ``dot_diff``): OpenBLAS's ``ddot`` as numpy's ``vecdot``
+  calls it on this build (the SkylakeX / Cooper Lake kernel,
+  ``kernel/x86_64/ddot_microk_skylakex-2.c``): 32 lanes (four 8-wide accumulators, fused
+  multiply-add) over the first ``n & ~31`` elements, folded to 16 lanes,
   16 lanes over the rest of ``n & -16``, lanes summed ``((l0+l1)+l2)+l3`` per quarter then
   ``(q0+q2)+(q1+q3)``, the last ``n % 16`` elements added one by one.
 - ``pairwise``: numpy's pairwise sum (``loops_utils.h``): blocks of at most 128 summed with 8

@@ -81,7 +81,6 @@ class Recorder:
             c: VarSpec((TOKEN,), np.dtype(np.int64)) for c in TOKEN_COORDS}
         self._specs.update({EMITTED + s: VarSpec((TOKEN,), np.dtype(np.int8)) for s in self.sites & set(MASKED)})
         self._dim_sizes: dict[str, int] = {}
-        self._n_trailing: dict[str, int] = {}  # site -> number of dims after token
         self._keys: dict[tuple[int, int, int], int] = {}
         self._token_of: dict[tuple[int, int], int] = {}
         self._coords: dict[str, list[int]] = {c: [] for c in TOKEN_COORDS}
@@ -240,9 +239,7 @@ class Recorder:
 
     def _trailing(self, site: str, v: torch.Tensor) -> tuple[int, ...]:
         """Trailing shape matching the site's dims (extra dims are flattened into one)."""
-        n_dims = self._n_trailing.get(site)
-        if n_dims is None:
-            n_dims = self._n_trailing[site] = len(_site_dims(site))
+        n_dims = len(_site_dims(site))
         if n_dims == 0:
             return ()
         return (*v.shape[1:n_dims], math.prod(v.shape[n_dims:]))

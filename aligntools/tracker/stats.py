@@ -11,9 +11,10 @@ call (on CPU a parallel call can wait for a worker thread). So the work is split
 ``reduce_rows`` reads the tensor, in the hook while it exists, in a handful of calls:
 min/max and both float64 sums in one compiled pass that replays torch's summation order
 (``row_kernel``; elsewhere min/max in float32 and one float64 copy per cache-sized row
-block feeding both sums), and the hash as an exact int8 matrix product. ``finish_rows`` does the per-row arithmetic on what was read (amax, the hash's
-modular fold, the stat columns) once per flush, for every site in one batch of calls.
-``row_stats`` is both, for one tensor.
+block feeding both sums), and the hash as an exact int8 matrix product. ``finish_rows``
+does the per-row arithmetic on what was read (amax, the hash's modular fold, the stat
+columns) once per flush, for every site in one batch of calls. ``row_stats`` is both, for
+one tensor.
 """
 
 from __future__ import annotations
