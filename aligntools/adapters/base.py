@@ -37,3 +37,9 @@ class Adapter(ABC):
     @abstractmethod
     def describe(self) -> dict:
         """Provenance attrs: ``dtype``, ``knobs`` (dict), ``model_hash``."""
+
+    def vocab_size(self) -> int | None:
+        """How many token ids the target embeds, None where unknown: ``capture`` refuses
+        ids outside it before anything is written (inside the forward it would fail after
+        ``out``'s journal was started again)."""
+        return None

@@ -46,6 +46,7 @@ class HFAdapter(Adapter):
         self._step = 0
         self._attn_layer: int | None = None
         self._warned: set[str] = set()
+        self._borrow = False  # set at attach: may tensor mode keep this model's tensors by reference?
 
     # ---- sites --------------------------------------------------------------------------
 
@@ -86,6 +87,7 @@ class HFAdapter(Adapter):
 
     def attach(self, recorder: Recorder) -> None:
         self._rec = recorder
+        self._borrow = _library_code_only(self.model)
         need = recorder.needed
         on = self._handles.append
         on(self.model.register_forward_pre_hook(self._begin_forward, with_kwargs=True))
@@ -133,7 +135,7 @@ class HFAdapter(Adapter):
         def rope_and_emit(q, k, *args, **kwargs):
             q_out, k_out = original(q, k, *args, **kwargs)
             layer = self._attn_layer
-            if layer is not None:
+            if layer is not None and rope_and_emit.active:
                 for kind, out in (("q", q_out), ("k", k_out)):
                     # [B, heads, S, D] -> [B, S, heads*D]: a copy (ours to keep) unless S or heads is 1
                     rows = out.transpose(1, 2).flatten(2)
@@ -141,15 +143,16 @@ class HFAdapter(Adapter):
                     self._emit(f"L{layer}.{kind}", rows, owned=owned)
             return q_out, k_out
 
+        rope_and_emit.active, rope_and_emit.original = True, original
         setattr(mod, ROPE_SYMBOL, rope_and_emit)
-        self._patches.append((mod, original))
+        self._patches.append((mod, rope_and_emit))
 
     def detach(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        for mod, original in reversed(self._patches):
-            setattr(mod, ROPE_SYMBOL, original)
+        for mod, wrapper in reversed(self._patches):
+            _unpatch(mod, wrapper)
         self._patches.clear()
         self._layout = None
 
@@ -179,8 +182,7 @@ class HFAdapter(Adapter):
             self._warn_once(site, f"{site}: output shape {tuple(value.shape)} does not map onto the "
                                   f"{self._layout.batch}x{self._layout.seq} tokens; not captured")
             return
-        # transformers modules write tensors through torch ops: tensor mode may borrow them
-        self._rec.emit(site, *mapped, owned=owned, borrow=True)
+        self._rec.emit(site, *mapped, owned=owned, borrow=self._borrow)
 
     def _emit_routing(self, layer: int, out: object) -> None:
         if isinstance(out, (tuple, list)) and len(out) >= 3 and not out[2].is_floating_point():
@@ -211,6 +213,13 @@ class HFAdapter(Adapter):
             else:
                 self.model(input_ids.to(device))
 
+    def vocab_size(self) -> int | None:
+        try:
+            emb = self.model.get_input_embeddings()
+        except (AttributeError, NotImplementedError):  # a raw nn.Module, or a model without the hook
+            return None
+        return emb.num_embeddings if isinstance(emb, nn.Embedding) else None
+
     def describe(self) -> dict:
         knobs = {}
         impl = getattr(self.config, "_attn_implementation", None)
@@ -219,6 +228,30 @@ class HFAdapter(Adapter):
         path = getattr(self.model, "name_or_path", None) or getattr(self.config, "_name_or_path", None)
         return {"dtype": _dtype(self.model), "knobs": knobs, "model_hash": model_hash(self.model, path or None),
                 "model_path": path or None}
+
+
+def _library_code_only(model: nn.Module) -> bool:
+    """Whether every module of ``model`` is transformers' or torch's own code, which writes
+    tensors only through torch ops (they bump the version counter that tensor mode's
+    references are checked by). Other code (remote code, a user's module) may write through
+    ``.data`` or numpy views, which no check sees: its values are copied in the hook."""
+    return all(type(m).__module__.split(".")[0] in ("transformers", "torch") for m in model.modules())
+
+
+def _unpatch(mod: object, wrapper: Callable) -> None:
+    """Take ``wrapper`` out of ``mod``'s RoPE function, also when Trackers exit out of order.
+
+    Another Tracker's wrapper may sit on top of ours (it patched after us) or below it: ours
+    is switched off, and whoever is on top puts back the first function below it that is not
+    a switched-off wrapper, so no stale wrapper (holding its recorder) outlives the Trackers.
+    """
+    wrapper.active = False
+    if getattr(mod, ROPE_SYMBOL) is not wrapper:
+        return  # a later Tracker's wrapper is on top: it unwinds past ours when it detaches
+    restore = wrapper.original
+    while not getattr(restore, "active", True):
+        restore = restore.original
+    setattr(mod, ROPE_SYMBOL, restore)
 
 
 def _out_hook(module: nn.Module, emit: Callable[[torch.Tensor], None]):

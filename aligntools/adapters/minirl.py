@@ -63,6 +63,9 @@ class MinirlAdapter(Adapter):
     def run(self, input_ids: torch.Tensor) -> None:
         self.target.score(input_ids.tolist())
 
+    def vocab_size(self) -> int | None:
+        return getattr(getattr(self.target, "spec", None), "vocab_size", None)
+
     def describe(self) -> dict:
         eng = self.target
         model = getattr(eng, "model", None)

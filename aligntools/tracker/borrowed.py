@@ -9,7 +9,7 @@ read a tensor that changed: ``CapturedValueModified`` names the site and the fix
 (``copy=True``) instead of storing values the engine never produced at that site.
 
 What is borrowed (``can_borrow``): CPU tensors of engines whose writes go through torch
-ops (transformers modules; the adapter says so), that track versions (not inference-mode
+ops (models made only of transformers' and torch's modules; the adapter says so), that track versions (not inference-mode
 tensors) and whose storage is not much larger than the value (a view into a big buffer
 would keep all of it alive). Anything else is copied in the hook as before.
 
@@ -54,9 +54,10 @@ class Borrowed:
         v = self.value
         if v._version != self.version or v.data_ptr() != self.data_ptr:
             raise CapturedValueModified(
-                f"{self.site}: the engine wrote the captured tensor in place after the hook (version "
-                f"{self.version} -> {v._version}), so tensor mode's reference no longer holds the captured "
-                f"values; capture with copies instead: Tracker(..., copy=True) or capture(..., copy=True)")
+                f"{self.site}: the captured tensor was written in place after its hook (version "
+                f"{self.version} -> {v._version}; by the engine, a hook or code inside the `with` block), so "
+                f"tensor mode's reference no longer holds the captured values; capture with copies instead: "
+                f"Tracker(..., copy=True) or capture(..., copy=True)")
         if exclusive and not _sole_owner(v):
             return v.clone()
         return v

@@ -101,6 +101,16 @@ class Recorder:
                          leave=False)
         self._stat_written = False
 
+    @property
+    def n_tokens(self) -> int:
+        """Token rows captured so far."""
+        return len(self._coords["step"])
+
+    @property
+    def saw_forward(self) -> bool:
+        """Whether an engine call reached the recorder (its first emit or ``begin_call``)."""
+        return self._call >= 0
+
     # ---- what adapters call -------------------------------------------------------------
 
     def begin_call(self) -> None:
@@ -166,8 +176,7 @@ class Recorder:
         self._n_requests = max(self._n_requests, max(request, default=-1) + 1)
         keep = None
         if self.token_filter is not None:
-            mask = torch.as_tensor(self.token_filter(meta), dtype=torch.bool).cpu()
-            keep = torch.nonzero(mask)[:, 0]
+            keep = torch.nonzero(_filter_mask(self.token_filter(meta), len(request)))[:, 0]
         self._learn_tokens(list(zip(request, position)), token)
         if self._step_flush and (self._call, step) != self._step_key:
             self._step_key = (self._call, step)
@@ -369,3 +378,14 @@ class Recorder:
         if not isinstance(self.store, MemoryStore):
             raise TypeError("dataset() is for in-memory captures; load the file the store wrote")
         return self.store.dataset()
+
+
+def _filter_mask(mask: object, n: int) -> torch.Tensor:
+    """``token_filter``'s answer as a bool [n] CPU tensor, or a ValueError: an index tensor,
+    a float mask or a wrong length would otherwise keep the wrong rows without a word."""
+    got = mask if isinstance(mask, torch.Tensor) or mask is None else torch.as_tensor(mask)
+    if got is None or got.dtype != torch.bool or tuple(got.shape) != (n,):
+        what = "None" if got is None else f"{got.dtype} of shape {tuple(got.shape)}"
+        raise ValueError(f"token_filter must return a bool tensor of shape [{n}] (one entry per token of the "
+                         f"call, True = keep), got {what}; e.g. lambda meta: meta.position >= 3")
+    return got.cpu()

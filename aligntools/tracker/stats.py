@@ -70,7 +70,9 @@ def reduce_rows(x: torch.Tensor) -> RowReduction:
     """The part of ``row_stats`` that reads ``x`` [N, ...]: a few vectorised passes on its
     device, and one host sync (is every entry finite?)."""
     rows = x.detach() if x.dim() == 2 else x.detach().reshape(x.shape[0], -1)  # [N, D]
-    flt = rows if rows.dtype == torch.float32 else rows.to(torch.float32)
+    # contiguous: torch sums a strided row in another order, and the stats must be those of
+    # the same values captured in tensor mode (stored C-contiguous), to the last bit
+    flt = (rows if rows.dtype == torch.float32 else rows.to(torch.float32)).contiguous()
     lanes = hash_lanes(flt if rows.is_floating_point() else rows.to(torch.int64))
     if _compiled_applies(flt):  # the same bits in one pass (row_kernel)
         mn, mx, total, l2 = row_kernel.row_sums(flt)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from typing import Literal
 
 import torch
@@ -59,9 +60,11 @@ class Tracker:
         if out is not None and on_budget == "stats" and mode == "tensor":
             raise ValueError("on_budget='stats' needs the capture in memory (rows already streamed to "
                              "`out` cannot be reduced); use on_budget='error' or out=None")
-        _check_options(mode, budget_bytes, flush_bytes)
-        if not isinstance(copy, bool):
-            raise ValueError(f"copy must be True or False, got {copy!r}")
+        _check_options(mode, budget_bytes, flush_bytes, on_budget)
+        for name, flag in (("copy", copy), ("progress", progress)):
+            if not isinstance(flag, bool) and not (name == "progress" and flag is None):
+                raise ValueError(f"{name} must be True or False{' (or None)' * (name == 'progress')}, got {flag!r}")
+        _check_sites(sites)
         self.adapter = adapter_for(target)
         self.available = self.adapter.available_sites()
         self.sites = select(sites, self.available)
@@ -73,6 +76,7 @@ class Tracker:
         self.flush_bytes, self.copy = flush_bytes, copy
         self._recorder: Recorder | None = None
         self._capture: Capture | None = None
+        self._failure: BaseException | None = None  # why __exit__ could not finish the capture
 
     def __enter__(self) -> "Tracker":
         attrs = self._attrs()
@@ -88,7 +92,13 @@ class Tracker:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.adapter.detach()
         rec = self._recorder
-        rec.finish(self._attrs_at_start, complete=exc_type is None)
+        try:
+            rec.finish(self._attrs_at_start, complete=exc_type is None)
+        except BaseException as failure:
+            self._failure = failure
+            raise
+        if exc_type is None and rec.n_tokens == 0:
+            warnings.warn(_nothing_captured(rec), stacklevel=2)
         if self.out is None:
             self._capture = Capture(rec.dataset())
         else:
@@ -99,6 +109,9 @@ class Tracker:
     @property
     def capture(self) -> Capture:
         """The capture, available once the ``with`` block has exited."""
+        if self._failure is not None:
+            raise RuntimeError(f"no capture: finishing it failed with {type(self._failure).__name__}: "
+                               f"{self._failure}") from self._failure
         if self._capture is None:
             raise RuntimeError("the capture is available after the `with Tracker(...)` block exits")
         return self._capture
@@ -121,13 +134,47 @@ def _load_partial(path: str | os.PathLike) -> Capture:
         return Capture.load(partial_path(path))
 
 
-def _check_options(mode: str, budget_bytes: object, flush_bytes: object) -> None:
-    """Option errors before anything is attached or written (a bad value must not cost a run)."""
+def _check_options(mode: str, budget_bytes: object, flush_bytes: object, on_budget: object) -> None:
+    """Option errors before anything is attached or written (a bad value must not cost a run,
+    nor the journal an interrupted earlier run left at ``out``)."""
     if mode not in ("tensor", "stats"):
         raise ValueError(f"mode must be 'tensor' or 'stats', got {mode!r}")
+    if on_budget not in ("error", "stats"):
+        raise ValueError(f"on_budget must be 'error' or 'stats', got {on_budget!r}")
     for name, value in (("budget_bytes", budget_bytes), ("flush_bytes", flush_bytes)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ValueError(f"{name} must be a positive integer number of bytes, got {value!r}")
+
+
+def _check_sites(sites: object) -> None:
+    """``sites`` is a comma-separated string or a list of strings (glob patterns)."""
+    if isinstance(sites, str):
+        return
+    if not isinstance(sites, (list, tuple)) or not all(isinstance(s, str) for s in sites):
+        raise ValueError(f"sites must be glob patterns, a comma-separated string or a list of strings such as "
+                         f"'*' or ['L*.resid_post', 'logits']; got {sites!r}")
+
+
+def _nothing_captured(rec: Recorder) -> str:
+    """Why a capture that finished without an error holds no token."""
+    if not rec.saw_forward:
+        return ("the capture holds no token: no forward of the tracked model ran inside the `with` block "
+                "(calling a submodule, e.g. model.model(...), is not seen: call the model itself)")
+    return "the capture holds no token: token_filter kept none of the tokens"
+
+
+def _checked_ids(input_ids: object, vocab: int | None) -> torch.Tensor:
+    """``input_ids`` as int64 [batch, seq], refused before anything is written: a bad id
+    fails inside the forward, after ``out``'s journal was started again."""
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() != 2 or ids.numel() == 0 or ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"input_ids must be a non-empty integer tensor [batch, seq]; got {tuple(ids.shape)} "
+                         f"{ids.dtype}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or (vocab is not None and hi >= vocab):
+        raise ValueError(f"input_ids must lie in [0, {vocab if vocab is not None else 'vocab'}) for this model; "
+                         f"got ids from {lo} to {hi}")
+    return ids.to(torch.int64)
 
 
 def capture(target: object, input_ids: torch.Tensor, sites: str | list[str] = "*", mode: Mode = "tensor",
@@ -138,15 +185,13 @@ def capture(target: object, input_ids: torch.Tensor, sites: str | list[str] = "*
     ``batch_size`` splits the rows into several calls (request indices stay global), with a
     progress bar; other keyword arguments go to ``Tracker``.
     """
-    ids = torch.as_tensor(input_ids)
-    if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64) or ids.numel() == 0:
-        raise ValueError(f"input_ids must be a non-empty integer tensor [batch, seq]; got {tuple(ids.shape)} "
-                         f"{ids.dtype}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                    or batch_size <= 0):
         raise ValueError(f"batch_size must be a positive integer (or None for one call); got {batch_size!r}")
+    tracker = Tracker(target, sites, mode, **tracker_kwargs)
+    ids = _checked_ids(input_ids, tracker.adapter.vocab_size())
     step = batch_size or ids.shape[0]
-    with Tracker(target, sites, mode, **tracker_kwargs) as tracker:
+    with tracker:
         starts = range(0, ids.shape[0], step)
         for lo in tqdm(starts, desc="capture batches", disable=len(starts) < 2 or None, leave=False):
             tracker.adapter.run(ids[lo:lo + step])
