@@ -28,6 +28,10 @@ _CHUNK_BYTES = 8 << 20  # zarr chunks hold at most about 8 MiB of one variable
 # segfaults (at the latest when its objects are freed) after a failed write such as ENOSPC.
 IN_MEMORY_NC_BYTES = 512 << 20
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+# Dataset attrs that every capture has carried since the first version, partial ones included:
+# the Tracker writes them when it opens its store (complete=0), from_nnsight and Capture.save
+# copy them. A target without them was not written by this project and is never replaced.
+CAPTURE_MARKS = ("engine", "mode", "complete")
 
 
 def is_zarr_dir(p: Path) -> bool:
@@ -35,16 +39,55 @@ def is_zarr_dir(p: Path) -> bool:
 
 
 def check_target(p: Path) -> None:
-    """Refuse to replace anything that is not a capture: a directory that is not a zarr store,
-    or a file that is not HDF5 (netCDF4). Never delete what the project did not write."""
-    if p.is_dir() and not is_zarr_dir(p):
-        raise CaptureWriteError(f"{p} is an existing directory that is not a zarr capture; refusing to "
-                                f"overwrite it. Give a file path (cap.nc) or a new or existing *.zarr capture path")
-    if p.is_file():
+    """Refuse to replace anything that is not a capture this project wrote: a directory that is
+    not a zarr store, a file that is not HDF5 (netCDF4), and an HDF5 file or zarr store that
+    lacks the ``CAPTURE_MARKS`` attrs or cannot be read (someone's weights, data set, a corrupt
+    file). Never delete what the project did not write. Only the root attrs' names are read,
+    never the data, so the check stays a few milliseconds at every ``out=`` capture."""
+    if p.is_dir():
+        if not is_zarr_dir(p):
+            raise CaptureWriteError(f"{p} is an existing directory that is not a zarr capture; refusing to "
+                                    f"overwrite it. Give a file path (cap.nc) or a new or existing *.zarr capture path")
+        _require_capture_marks(p, "zarr store that is not a zarr capture", _zarr_attr_names)
+    elif p.is_file():
         with open(p, "rb") as fh:
             if fh.read(8) != HDF5_MAGIC:
                 raise CaptureWriteError(f"{p} is an existing file that is not a netCDF capture; refusing to "
                                         f"overwrite it. Give a new path or remove the file yourself")
+        _require_capture_marks(p, "HDF5 file that is not a netCDF capture", _hdf5_attr_names)
+    elif p.exists():
+        raise CaptureWriteError(f"{p} exists and is neither a file nor a directory; refusing to replace it. "
+                                f"Give a new path")
+
+
+def _require_capture_marks(p: Path, kind: str, attr_names: Callable[[Path], set[str]]) -> None:
+    """Raise unless ``p``'s root attrs hold every ``CAPTURE_MARKS`` name; an unreadable ``p``
+    is refused too (it may be someone's file that this reader does not understand)."""
+    fix = "Choose another path, or delete it yourself if it is not needed"
+    try:
+        names = attr_names(p)
+    except Exception as e:  # noqa: BLE001 - any failure to read means: not provably ours
+        raise CaptureWriteError(f"{p} is an existing {kind}: it cannot be read ({type(e).__name__}: {e}); "
+                                f"refusing to overwrite it. {fix}") from e
+    missing = [m for m in CAPTURE_MARKS if m not in names]
+    if missing:
+        raise CaptureWriteError(f"{p} is an existing {kind}: its attrs lack {missing}, which every capture "
+                                f"has; refusing to overwrite it. {fix}")
+
+
+def _hdf5_attr_names(p: Path) -> set[str]:
+    """Root attr names of an HDF5 (netCDF4) file; no dataset is read."""
+    import h5py
+
+    with h5py.File(p, "r") as f:
+        return set(f.attrs.keys())
+
+
+def _zarr_attr_names(p: Path) -> set[str]:
+    """Root group attr names of a zarr store (v2 or v3); no array is read."""
+    import zarr
+
+    return set(zarr.open_group(str(p), mode="r").attrs.keys())
 
 
 def chunk_rows(spec: VarSpec, trailing: tuple[int, ...], n_rows: int) -> int:
