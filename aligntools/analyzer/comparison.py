@@ -14,9 +14,11 @@ same per-token metrics, so notebooks can ask for any of them (figures: ``alignto
 
 from __future__ import annotations
 
+import math
 import re
+import warnings
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -33,8 +35,8 @@ from aligntools.analyzer.diagnosis import Finding, diagnose
 from aligntools.analyzer.divergence import GROWTH_THRESHOLD, Divergence, first_divergence, growth
 from aligntools.analyzer.routing_diff import routing_diff, topk_rows
 from aligntools.analyzer.stats_metrics import stats_rows, stats_summary
-from aligntools.analyzer.sweep import Rows, disk_budget
-from aligntools.analyzer.token_align import Alignment, next_token_ids
+from aligntools.analyzer.sweep import Rows, check_max_memory, disk_budget
+from aligntools.analyzer.token_align import Alignment, next_token_ids, token_table
 from aligntools.analyzer.token_align import align as align_tokens
 from aligntools.analyzer.tolerance import Tolerance, coarser
 from aligntools.tracker.stats import STAT_NAMES, row_stats
@@ -100,6 +102,9 @@ class Comparison(SiteVerdict):
     only_b: tuple[str, ...] = ()
     threshold: float = GROWTH_THRESHOLD
     labels: tuple[str, str] = ("a", "b")
+    partial: tuple[str, ...] = ()
+    """Labels of the captures (a, b, ``reference``) saved with ``complete=0``: their run
+    stopped before it finished, so tokens it never reached are not in them."""
 
     @property
     def sites(self) -> list[str]:
@@ -163,7 +168,7 @@ class Comparison(SiteVerdict):
         t = self.table
         t = t[[c for c in cols if c in t and t[c].notna().any()]]
         out = [f"{self.labels[1]} vs {self.labels[0]}: {len(self.alignment)} tokens "
-               f"(align={self.alignment.mode}), {len(self.results)} sites",
+               f"(align={self.alignment.mode}), {len(self.results)} sites", *self._coverage(),
                t.to_string(float_format=lambda x: f"{x:.3g}")]
         if "logits" in self.table.index and pd.notna(self.table.loc["logits", "kl_mean"]):
             lg = self.table.loc["logits"]
@@ -174,11 +179,15 @@ class Comparison(SiteVerdict):
             if only:
                 out.append(f"only in {side} (not compared): {', '.join(only)}")
         notes = [f"{s}: {r.note}" for s, r in self.results.items() if r.note]
-        for side, col in ((self.labels[0], "missing_a"), (self.labels[1], "missing_b")):
-            miss = self.table[col][self.table[col] > 0]
-            if len(miss):
+        for side, x in ((self.labels[0], "a"), (self.labels[1], "b")):
+            blown = {s: int(r.summary.get("nan_rows_" + x, 0)) for s, r in self.results.items()}
+            miss = {s: int(n) - blown.get(s, 0) for s, n in self.table["missing_" + x].items() if n > 0}
+            if any(miss.values()):
                 notes.append(f"tokens not captured in {side} (all-NaN rows, left out): "
-                             + ", ".join(f"{s} {int(n)}" for s, n in miss.items()))
+                             + ", ".join(f"{s} {n}" for s, n in miss.items() if n))
+            if any(blown.values()):
+                notes.append(f"all-NaN rows that {side} did compute (a NaN blow-up: fails): "
+                             + ", ".join(f"{s} {n}" for s, n in blown.items() if n))
         if notes:
             out.append("notes: " + "; ".join(notes))
         if len(self.routing):
@@ -188,6 +197,19 @@ class Comparison(SiteVerdict):
         out.append("PASS" if self.passes else f"FAIL: {', '.join(self.failures)}")
         return "\n".join(out)
 
+    def _coverage(self) -> list[str]:
+        """Summary lines on tokens that were not compared although captured: left out by the
+        alignment (``Alignment.dropped_a/_b``), or never captured by a run that stopped early.
+        Neither fails a comparison, so the report must say it."""
+        al, out = self.alignment, []
+        if al.dropped_a or al.dropped_b:
+            out.append(f"tokens left out by align={al.mode} (not compared): {al.dropped_a} of {self.labels[0]}, "
+                       f"{al.dropped_b} of {self.labels[1]}")
+        if self.partial:
+            out.append(f"partial capture (complete=0: its run stopped before it finished; tokens it never "
+                       f"reached are not compared): {', '.join(self.partial)}")
+        return out
+
     def __repr__(self) -> str:
         fd = self.first_divergence.site if self.first_divergence else None
         return (f"Comparison({len(self.results)} sites, {len(self.alignment)} tokens, "
@@ -196,9 +218,12 @@ class Comparison(SiteVerdict):
 
 # Sites an engine may legitimately leave out for some tokens (the Tracker fills those rows
 # with NaN): logits of prompt rows under ``generate``, logprobs of a token with no successor.
-# Where a capture carries the Tracker's ``emitted.<site>`` mask, an all-NaN row it marks as
-# emitted is a blow-up and fails (``_nan_rows``); without a mask such rows read as not captured.
+# An all-NaN row that its side did compute is a blow-up and fails (``_nan_rows``): known from
+# the Tracker's ``emitted.<site>`` mask where the capture has one, and at ``logprobs``, which
+# has none, from the tokens the capture holds (``_logprob_expected``).
 SPARSE_SITES = ("logits", "logprobs", "entropy")
+LOGITS_MASKS = (EMITTED + "logits", EMITTED + "entropy")
+"""Masks that say where a capture computed logits (entropy is derived from the same rows)."""
 
 
 def _gated_error(site: str, summary: dict) -> float:
@@ -212,16 +237,77 @@ def _gated_error(site: str, summary: dict) -> float:
     return summary["rel_l2"]
 
 
-def _nan_rows(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment, rows: dict) -> int:
-    """Rows all-NaN on one side although that side's engine emitted them (``emitted.<site>``
-    mask written by the Tracker): a NaN blow-up, not a token the engine never computed."""
-    count = 0
-    for ds, idx, side in ((a, al.idx_a, "missing_a"), (b, al.idx_b, "missing_b")):
-        if EMITTED + site in ds.coords:  # (not .get: a miss builds a did-you-mean message, ~0.5 ms)
-            emitted = np.asarray(ds.coords[EMITTED + site].values) == 1
-            emitted = emitted if idx is None else emitted[idx]
-            count += int(np.count_nonzero(np.asarray(rows[side], dtype=bool) & emitted))
-    return count
+def _nan_rows(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment, rows: dict) -> dict[str, int]:
+    """``nan_rows_a``/``nan_rows_b``/``nan_rows``: rows all-NaN on one side although that side's
+    engine computed them (a NaN blow-up, not a token the engine never computed), per side and
+    in all. ``rows``: the site's per-token arrays, ``missing_a``/``missing_b`` where any."""
+    out = {}
+    for ds, idx, side in ((a, al.idx_a, "a"), (b, al.idx_b, "b")):
+        missing = np.asarray(rows.get("missing_" + side, np.zeros(len(al))), dtype=bool)
+        out["nan_rows_" + side] = _computed_rows(site, ds, idx, missing)
+    return out | {"nan_rows": out["nan_rows_a"] + out["nan_rows_b"]}
+
+
+def _computed_rows(site: str, ds: xr.Dataset, idx: np.ndarray | None, missing: np.ndarray) -> int:
+    """How many of the aligned rows ``missing`` [N] (all-NaN on this side only) the capture
+    ``ds`` did compute: its ``emitted.<site>`` mask says so where it has one (the Tracker's,
+    at logits and entropy); at ``logprobs`` the tokens it holds do (``_logprob_expected``)."""
+    hit = np.flatnonzero(missing)
+    if not len(hit):
+        return 0
+    rows = hit if idx is None else idx[hit]  # the capture's own rows
+    if EMITTED + site in ds.coords:  # (not .get: a miss builds a did-you-mean message, ~0.5 ms)
+        return int(np.count_nonzero(np.asarray(ds.coords[EMITTED + site].values)[rows] == 1))
+    if S.parse(site).kind == "logprobs":
+        return int(np.count_nonzero(_logprob_expected(ds, rows)))
+    return 0
+
+
+def _logprob_expected(ds: xr.Dataset, rows: np.ndarray) -> np.ndarray:
+    """[len(rows)] bool: whether capture ``ds`` must hold a logprob at its rows ``rows``.
+
+    The Tracker derives the logprob at (request r, position p) from the logits there and the
+    token at (r, p + 1) (``aligntools.tracker.derived``), and writes no mask for it: the row is
+    NaN legitimately only where the capture never saw that token, or never computed those
+    logits. Where the capture says which logits it computed (``LOGITS_MASKS``) that decides;
+    without a mask, a request the capture decoded over several steps (``generate``) may have
+    logits only at the last row of each forward, so a row whose successor came in the same
+    step is not held against it (a blow-up there reaches that forward's last row too, whose
+    successor comes a step later and is checked). Keys are matched vectorised (``_rows_in``)
+    on the coordinates every capture has, in the capture's own request ids (not a's, which
+    ``align='sequence'`` puts in the alignment).
+    """
+    t = token_table(ds)
+    req, pos, step = (t[c].to_numpy() for c in ("request", "position", "step"))
+    r, p, s = req[rows], pos[rows], step[rows]
+    expected = _rows_in((r, p + 1), (req, pos))
+    for mask in LOGITS_MASKS:
+        if mask in ds.coords:
+            return expected & (np.asarray(ds.coords[mask].values)[rows] == 1)
+    same_step = _rows_in((r, p + 1, s), (req, pos, step))
+    return expected & ~(same_step & np.isin(r, _decoded_requests(req, step)))
+
+
+def _decoded_requests(req: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Request ids whose rows span more than one step (decoded, not one prefill)."""
+    pairs = np.unique(np.stack([req, step]), axis=1)  # [2, distinct (request, step)]
+    ids, n_steps = np.unique(pairs[0], return_counts=True)
+    return ids[n_steps > 1]
+
+
+def _rows_in(query: tuple[np.ndarray, ...], table: tuple[np.ndarray, ...]) -> np.ndarray:
+    """[len(query[0])] bool: whether each row of the integer columns ``query`` occurs among the
+    rows of ``table`` (the same columns). The columns are folded into one int64 key per row by
+    dense ranks over both, column by column, so ``np.isin`` compares one number per row and
+    no product of value ranges can overflow."""
+    n = len(query[0])
+    key = None
+    for q, t in zip(query, table, strict=True):
+        _, rank = np.unique(np.concatenate([q, t]), return_inverse=True)
+        if key is not None:
+            _, rank = np.unique(key * (int(rank.max(initial=0)) + 1) + rank, return_inverse=True)
+        key = rank.astype(np.int64).ravel()
+    return np.isin(key[:n], key[n:])
 
 
 class DifferentModelsError(ValueError):
@@ -242,19 +328,30 @@ def _check_same_model(sides: dict[str, xr.Dataset | None]) -> None:
             f"allow_different_models=True (mlab diff --allow-different-models)")
 
 
-def load_capture(path: str | Path) -> xr.Dataset:
+def load_capture(path: str | Path, stacklevel: int = 2) -> xr.Dataset:
     """A saved capture file as a Dataset (``Capture.load``: validates the format), lazily:
     its site values stay on disk until ``compare`` reads them tile by tile, so a capture
-    larger than memory can be compared. Close it (``ds.close()``) when done."""
+    larger than memory can be compared. Close it (``ds.close()``) when done.
+
+    The loader's warnings (a partial capture, an unfinished journal beside the file) are
+    passed on pointing at the code that asked for the file: ``stacklevel`` as for
+    ``warnings.warn``, counted from here (2: the caller), so ``compare(path, ...)`` warns at
+    the line calling ``compare``, not at a line of this module."""
     from aligntools.tracker.capture_dataset import Capture
 
-    return Capture.load(path, lazy=True).dataset
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = Capture.load(path, lazy=True).dataset
+    for w in caught:
+        warnings.warn(w.message, w.category, stacklevel=stacklevel)
+    return ds
 
 
-def as_dataset(x: Any) -> xr.Dataset:
-    """Capture | Dataset | path -> Dataset (a path is loaded lazily: ``load_capture``)."""
+def as_dataset(x: Any, stacklevel: int = 2) -> xr.Dataset:
+    """Capture | Dataset | path -> Dataset (a path is loaded lazily: ``load_capture``, whose
+    warnings point ``stacklevel`` frames up from here)."""
     if isinstance(x, (str, Path)):
-        return load_capture(x)
+        return load_capture(x, stacklevel=stacklevel + 1)
     ds = getattr(x, "dataset", x)
     if not isinstance(ds, xr.Dataset):
         raise TypeError(f"expected a Capture, xarray.Dataset or path, got {type(x).__name__}")
@@ -262,11 +359,20 @@ def as_dataset(x: Any) -> xr.Dataset:
 
 
 def _open(x: Any, opened: ExitStack) -> xr.Dataset:
-    """``as_dataset``; a dataset it opened from a path is closed when ``opened`` exits."""
-    ds = as_dataset(x)
+    """``as_dataset``, called from ``compare``: a loader's warning points at ``compare``'s
+    caller; a dataset it opened from a path is closed when ``opened`` exits."""
+    ds = as_dataset(x, stacklevel=4)  # as_dataset, _open, compare, its caller
     if isinstance(x, (str, Path)):
         opened.callback(ds.close)
     return ds
+
+
+def _partial(ds: xr.Dataset) -> bool:
+    """Whether a capture was saved by a run that stopped early (``complete`` attr 0)."""
+    try:
+        return int(ds.attrs.get("complete", 1)) == 0
+    except (TypeError, ValueError):
+        return False
 
 
 def _site_vars(ds: xr.Dataset) -> list[str]:
@@ -305,12 +411,16 @@ def _small_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
         if S.parse(site).kind == "topk_ids":  # stats of expert ids: only equality means something
             return SiteResult(basis="ids", rows={"exact": rows["exact"]},
                               summary={"exact": float(rows["exact"].mean())}, **base)
-        summary = stats_summary(rows)
+        summary = stats_summary(rows)  # keeps missing_a/_b in rows where some row is missing
+        summary.update(_nan_rows(site, a, b, al, rows))
         return SiteResult(basis="stats", rows=rows, summary=summary, **base)
     ints = [np.issubdtype(v.dtype, np.integer) for v in (va, vb)]
     if va.shape[1:] != vb.shape[1:] or ints[0] != ints[1]:
         return SiteResult(basis="skipped", note=f"not comparable: {va.dtype}{va.shape[1:]} vs "
                           f"{vb.dtype}{vb.shape[1:]}", **base)
+    if 0 in va.shape[1:]:  # nothing per token: no metric is defined, and none can fail
+        return SiteResult(basis="skipped", note=f"no values per token (shape {va.shape[1:]}): nothing to compare",
+                          **base)
     if all(ints):
         xa, xb = va.values, vb.values
         rows = topk_rows(*(x if i is None else x[i] for x, i in ((xa, al.idx_a), (xb, al.idx_b))))
@@ -325,7 +435,7 @@ def _tensor_result(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
     sums = {k: out[k] for k in M.ROW_SUMS}
     rows, summary = M.derive(sums), {k: float(v) for k, v in M.derive(M.aggregate(sums)).items()}
     summary["n_tokens"] = int(np.count_nonzero(sums["n_valid"]))
-    summary["nan_rows"] = _nan_rows(site, a, b, al, rows)
+    summary.update(_nan_rows(site, a, b, al, rows))
     if L.LOGIT_ROWS[0] in out:
         lr = L.mask_rows(out, valid=sums["n_valid"] > 0)
         rows.update(lr)
@@ -339,12 +449,46 @@ def _compare_sites(sites: list[str], a: xr.Dataset, b: xr.Dataset, al: Alignment
     over both captures: one pass per site computing every metric, chunks in cache, tiles of
     all sites on ``workers`` threads, rows on disk read within ``max_memory``."""
     results = {s: _small_site(s, a, b, al, max_memory) for s in sites}
+    if next_ids is not None and "logits" in results and results["logits"] is None:  # a tensor logits site
+        _check_next_ids(next_ids, int(np.prod(a["logits"].shape[1:])), al)
     jobs = {s: M.site_job(Rows.of(a[s], al.idx_a), Rows.of(b[s], al.idx_b), next_ids if s == "logits" else None)
             for s, r in results.items() if r is None}
     M.run_jobs([job for job, _ in jobs.values()], workers, max_memory, progress)
     for s, (_, out) in jobs.items():
         results[s] = _tensor_result(s, a, b, al, out)
     return results
+
+
+def _check_next_ids(next_ids: np.ndarray, width: int, al: Alignment) -> None:
+    """Raise where a next-token id cannot index the logits row whose logprob it picks: the
+    capture's ``token_id`` coordinate does not belong to its logits (another vocabulary)."""
+    bad = np.flatnonzero(next_ids >= width)
+    if len(bad):
+        tok = al.tokens.iloc[bad[0]]
+        raise ValueError(f"logits: token id {int(next_ids[bad[0]])} at request {int(tok['request'])}, position "
+                         f"{int(tok['position']) + 1} is outside the logits width {width} ({len(bad)} such "
+                         f"tokens): the captures' token_id coordinate does not index their logits. Fix the "
+                         f"token ids, or leave logits out (sites=...)")
+
+
+def _with_reference(results: dict[str, SiteResult], tol: Tolerance,
+                    ref: Comparison) -> tuple[dict[str, SiteResult], Tolerance]:
+    """``tol`` with the noise floors measured by ``ref`` (a's side against the reference run),
+    and ``results`` with a note on each site whose measured floor is unusable.
+
+    A floor that is not a finite number (NaN: the reference never emitted the site, e.g. the
+    logits of a ``generate`` run; inf: the reference is all zero there) would make the limit
+    NaN or inf, under which any error passes. Such a site keeps its dtype's default floor, as
+    without a reference, and says so; ``Tolerance.with_noise_floor`` itself refuses them."""
+    floors = {s: r.summary["rel_l2"] for s, r in ref.results.items() if r.basis in GATED_BASES}
+    bad = {s: f for s, f in floors.items() if not math.isfinite(f)}
+    results = dict(results)
+    for s, f in bad.items():
+        why = (f"the reference gives no noise floor here (err(a vs reference) = {f}: the reference is "
+               f"{'all NaN' if math.isnan(f) else 'all zero'} at this site), so the {results[s].dtype} "
+               f"default floor applies")
+        results[s] = replace(results[s], note="; ".join(n for n in (results[s].note, why) if n))
+    return results, tol.with_noise_floor({s: f for s, f in floors.items() if s not in bad})
 
 
 def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | None = None,
@@ -365,13 +509,15 @@ def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | N
     allow_different_models: compare captures whose ``model_hash`` differs (e.g. quantized vs
     original weights); by default that raises ``DifferentModelsError``, since activations of
     two different models disagree for reasons no tolerance describes.
-    max_memory: bytes of capture data ``compare`` may hold at once (default 1 GiB). Paths
+    max_memory: bytes of capture data ``compare`` may hold at once: a positive number (None:
+    1 GiB; 0, negatives, NaN, inf, booleans and strings are a ``ValueError``). Paths
     (and lazily loaded captures) are never loaded whole: their rows are read from disk in
     tiles that fit half of it, the other half is headroom for the per-token results (~0.3 KB
     per token and site) and each thread's ~3 MiB of scratch. In-memory captures are read
     in place. progress: a tqdm bar on stderr over the bytes compared (default: shown when
     reading from disk to a terminal).
     """
+    max_memory = check_max_memory(max_memory)
     with ExitStack() as opened:
         ds_a, ds_b = _open(a, opened), _open(b, opened)
         ds_ref = None if reference is None else _open(reference, opened)
@@ -396,10 +542,11 @@ def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | N
         if ds_ref is not None:
             ref = compare(ds_ref, ds_a, sites=common, align=align, tolerance=tol, workers=workers,
                           allow_different_models=True, max_memory=max_memory, progress=progress)  # checked above
-            tol = tol.with_noise_floor({s: r.summary["rel_l2"] for s, r in ref.results.items()
-                                        if r.basis in GATED_BASES})
+            results, tol = _with_reference(results, tol, ref)
         routing = routing_diff(ds_a, ds_b, al)
+        partial = tuple(name for name, ds in ((labels[0], ds_a), (labels[1], ds_b), ("reference", ds_ref))
+                        if ds is not None and _partial(ds))
     return Comparison(results=results, alignment=al, tolerance=tol, routing=routing,
                       only_a=tuple(s for s in S.sort_sites(va) if s not in results),
                       only_b=tuple(s for s in S.sort_sites(vb) if s not in results),
-                      threshold=threshold, labels=labels)
+                      threshold=threshold, labels=labels, partial=partial)

@@ -47,8 +47,9 @@ def wanted(nbytes: int) -> bool:
 
 def takes(dtype_a: np.dtype, dtype_b: np.dtype, width: int, dot_block: int) -> bool:
     """Whether the kernels compute a site's rows exactly as numpy does: float32 on both
-    sides, dot products by BLAS (``dot_block`` >= 256, or the whole row)."""
-    return dtype_a == np.float32 and dtype_b == np.float32 and (dot_block >= 256 or dot_block == width)
+    sides, dot products by BLAS (``dot_block`` >= 256, or the whole row), rows not empty."""
+    return (dtype_a == np.float32 and dtype_b == np.float32 and width > 0
+            and (dot_block >= 256 or dot_block == width))
 
 
 def covers(xa: np.ndarray, xb: np.ndarray, dot_block: int) -> bool:

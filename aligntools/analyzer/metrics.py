@@ -203,7 +203,10 @@ def _max_distance(ua: np.ndarray, ub: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def _dot_block(width: int) -> int:
-    """Largest divisor of ``width`` that is <= DOT_BLOCK (rows are split into such blocks)."""
+    """Largest divisor of ``width`` that is <= DOT_BLOCK (rows are split into such blocks);
+    an empty row (width 0) is its own one block: its dot products are 0, nothing is valid."""
+    if width <= 0:
+        return width
     return next(d for d in range(min(width, DOT_BLOCK), 0, -1) if width % d == 0)
 
 

@@ -29,6 +29,7 @@ import dataclasses
 import fnmatch
 import json
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,7 +105,14 @@ class Tolerance:
         return self.rule(site, dtype).limit(self.noise_floor.get(site))
 
     def with_noise_floor(self, err_per_site: Mapping[str, float]) -> Tolerance:
-        """Copy whose floors are measured errors (e.g. err(training side vs float64))."""
+        """Copy whose floors are measured errors (e.g. err(training side vs float64)). Each
+        must be a finite number >= 0, as in ``from_dict``: a NaN or inf floor makes the limit
+        NaN or inf, under which every error passes (``compare(reference=...)`` keeps the
+        dtype floor for such a site instead, and notes it)."""
+        for site, err in err_per_site.items():
+            if isinstance(err, bool) or not isinstance(err, numbers.Real) or not math.isfinite(err) or err < 0:
+                raise ValueError(f"noise floor of {site}: {err!r} is not a finite number >= 0, so its limit would "
+                                 f"pass any error; leave the site out to use its dtype's default floor")
         return dataclasses.replace(self, noise_floor={**self.noise_floor, **err_per_site})
 
     @classmethod
