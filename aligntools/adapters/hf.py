@@ -24,6 +24,7 @@ from torch import nn
 
 import kernels
 from aligntools.adapters.base import Adapter
+from aligntools.adapters.beam_reorder import watch_reorders
 from aligntools.adapters.roles import LayerRoles, ModelRoles
 from aligntools.adapters.torch_layout import ForwardLayout, call_inputs
 from aligntools.tracker.provenance import model_hash
@@ -163,11 +164,24 @@ class HFAdapter(Adapter):
             self._step = 0
         else:
             self._step += 1
+        if "logprobs" in self._rec.sites and kwargs.get("past_key_values") is not None:
+            watch_reorders(kwargs["past_key_values"], self._on_beam_reorder)
         self._layout = ForwardLayout(inp["input_ids"], inp["embeds"], inp["attention_mask"],
                                      inp["position_ids"], inp["past_len"], self._step)
 
     def _end_forward(self, module: nn.Module, args: tuple, output: object) -> None:
         self._layout = None
+
+    def _on_beam_reorder(self) -> None:
+        """Beam search moved hypotheses between rows: say so once, on the capture too."""
+        if not self._handles:  # a cache still watched after this Tracker ended
+            return
+        note = ("beam search reordered the batch rows between steps: the derived logprobs pair a row's logits "
+                "with the next token of whichever hypothesis the row holds next, so they are not meaningful "
+                "(capture with num_beams=1, or leave logprobs out and pair the logits yourself)")
+        if note not in self._rec.notes:
+            self._rec.notes.append(note)
+            warnings.warn(note, stacklevel=2)
 
     def _emitter(self, site: str) -> Callable[[torch.Tensor], None]:
         return lambda value: self._emit(site, value)

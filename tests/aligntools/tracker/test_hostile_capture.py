@@ -151,3 +151,21 @@ def test_a_failed_finish_is_what_the_capture_property_reports(llama, ids):
         with aligntools.Tracker(llama, sites="logits", copy=True) as ok, torch.no_grad():
             llama(input_ids=ids).logits.div_(0.7)
     assert ok.capture.dataset.sizes["token"] == 14
+
+
+def test_beam_search_is_noticed_and_noted_on_the_capture(llama, ids):
+    """Beam search reorders rows between steps, so the derived logprobs pair logits with
+    another hypothesis's token: the capture says so (warning + ``notes`` attr)."""
+    with pytest.warns(UserWarning, match="beam search reordered the batch rows"):
+        with aligntools.Tracker(llama) as beams, torch.no_grad():
+            llama.generate(ids, num_beams=3, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert "beam search" in beams.capture.dataset.attrs["notes"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with aligntools.Tracker(llama) as greedy, torch.no_grad():
+            llama.generate(ids, num_beams=1, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert "notes" not in greedy.capture.dataset.attrs
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # without logprobs there is nothing to warn about
+        with aligntools.Tracker(llama, sites="logits"), torch.no_grad():
+            llama.generate(ids, num_beams=3, max_new_tokens=4, do_sample=False, pad_token_id=0)
