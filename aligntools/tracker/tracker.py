@@ -61,9 +61,10 @@ class Tracker:
             raise ValueError("on_budget='stats' needs the capture in memory (rows already streamed to "
                              "`out` cannot be reduced); use on_budget='error' or out=None")
         _check_options(mode, budget_bytes, flush_bytes, on_budget)
-        for name, flag in (("copy", copy), ("progress", progress)):
-            if not isinstance(flag, bool) and not (name == "progress" and flag is None):
-                raise ValueError(f"{name} must be True or False{' (or None)' * (name == 'progress')}, got {flag!r}")
+        if not isinstance(copy, bool):
+            raise ValueError(f"copy must be True or False, got {copy!r}")
+        if progress is not None and not isinstance(progress, bool):
+            raise ValueError(f"progress must be True, False or None (a bar only on a terminal), got {progress!r}")
         _check_sites(sites)
         self.adapter = adapter_for(target)
         self.available = self.adapter.available_sites()

@@ -81,7 +81,7 @@ def test_a_capture_that_holds_no_token_says_why(llama, ids):
 @pytest.mark.parametrize("kwargs, message", [
     ({"sites": 3}, "sites must be glob patterns"),
     ({"sites": ["logits", 3]}, "sites must be glob patterns"),
-    ({"progress": "x"}, "progress must be True or False"),
+    ({"progress": "x"}, "progress must be True, False or None"),
 ])
 def test_wrong_option_types_are_refused_by_name(llama, kwargs, message):
     with pytest.raises(ValueError, match=message):
