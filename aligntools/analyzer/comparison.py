@@ -344,6 +344,8 @@ def load_capture(path: str | Path, stacklevel: int = 2) -> xr.Dataset:
         ds = Capture.load(path, lazy=True).dataset
     for w in caught:
         warnings.warn(w.message, w.category, stacklevel=stacklevel)
+    for v in ds.data_vars.values():  # so that a damaged tile read names its file (sweep._read)
+        v.encoding.setdefault("source", str(path))
     return ds
 
 

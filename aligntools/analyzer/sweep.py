@@ -37,6 +37,8 @@ import numpy as np
 import xarray as xr
 from tqdm.auto import tqdm
 
+from aligntools.tracker.capture_dataset import CaptureFileError
+
 DEFAULT_MAX_MEMORY = 1 << 30
 """Bytes of capture data in flight when rows are read from disk and ``max_memory`` is not given."""
 
@@ -111,10 +113,21 @@ def _in_memory(v: xr.DataArray) -> bool:
 
 
 def _read(v: xr.DataArray, rows: slice | np.ndarray) -> np.ndarray:
-    """Rows of a lazily loaded variable as [n, D]. Index arrays are read in increasing order
-    (what HDF5 and zarr selections want; as one range read where they are a range) and put
-    back in the asked order in memory; in a chunked store, one storage chunk at a time
-    (``_gather_chunks``)."""
+    """Rows of a lazily loaded variable as [n, D]; a damaged file is a ``CaptureFileError``
+    naming it and the site (a truncated zarr chunk otherwise fails with numpy's "cannot
+    reshape array of size 25 into shape (16, 64)", which names neither)."""
+    try:
+        return _read_rows(v, rows)
+    except (ValueError, OSError, RuntimeError, KeyError) as e:
+        where = v.encoding.get("source", "the capture file")
+        raise CaptureFileError(f"{where}: site {v.name} cannot be read ({type(e).__name__}: {e}); the file is "
+                               f"damaged: capture or save it again") from e
+
+
+def _read_rows(v: xr.DataArray, rows: slice | np.ndarray) -> np.ndarray:
+    """``_read`` itself. Index arrays are read in increasing order (what HDF5 and zarr
+    selections want; as one range read where they are a range) and put back in the asked
+    order in memory; in a chunked store, one storage chunk at a time (``_gather_chunks``)."""
     dim = v.dims[0]
     if isinstance(rows, slice):
         x = v.isel({dim: rows}).values

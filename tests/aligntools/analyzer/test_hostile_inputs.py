@@ -293,3 +293,21 @@ def test_reordered_zarr_capture_costs_no_more_memory_than_one_in_order(tmp_path)
     shuffled, cmp = peak(paths["b"])
     assert shuffled < in_order + (4 << 20), f"{shuffled / 2**20:.1f} MiB vs {in_order / 2**20:.1f} MiB in order"
     assert snapshot(cmp) == snapshot(aligntools.compare(a, b))
+
+
+# ---------------------------------------------------------------- 7. damaged files
+
+
+def test_a_damaged_zarr_chunk_is_an_error_naming_the_file_and_the_site(ids, tmp_path, capsys):
+    """A truncated chunk made zarr fail with "cannot reshape array of size 25 into shape
+    (16, 64)", which names neither the file nor the site."""
+    cap = aligntools.capture(tiny_llama(), ids, sites="L0.q,logits", progress=False)
+    good, bad = tmp_path / "good.zarr", tmp_path / "bad.zarr"
+    cap.save(good)
+    cap.save(bad)
+    chunk = next(p for p in (bad / "L0.q").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.write_bytes(chunk.read_bytes()[:25])
+    with pytest.raises(aligntools.CaptureFileError, match=r"bad\.zarr: site L0\.q cannot be read .* damaged"):
+        aligntools.compare(good, bad)
+    assert mlab(["diff", str(good), str(bad)]) == 2
+    assert "site L0.q cannot be read" in capsys.readouterr().err
