@@ -18,12 +18,9 @@ import xarray as xr
 
 from aligntools.tracker.files import publish, write_capture
 from aligntools.tracker.journal import is_journal, load_journal, partial_path, read_index
-from aligntools.tracker.store import EMITTED, TOKEN, VarSpec, plain_attrs
+from aligntools.tracker.store import EMITTED, REQUIRED_ATTRS, TOKEN, VarSpec, plain_attrs
 from aligntools.tracker.provenance import library_versions
 from aligntools.sites import TOKEN_COORDS, sort_sites
-
-REQUIRED_ATTRS = ("engine", "mode", "dtype", "knobs", "versions", "model_hash", "complete")
-
 
 class CaptureFileError(ValueError):
     """A capture file that cannot be read as a capture: names the file and the problem."""

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from aligntools.sites import TOKEN_COORDS
-from aligntools.tracker.store import (TOKEN, CaptureWriteError, Store, VarSpec, is_coord,
+from aligntools.tracker.store import (REQUIRED_ATTRS, TOKEN, CaptureWriteError, Store, VarSpec, is_coord,
                                       plain_attrs)
 
 _CHUNK_BYTES = 8 << 20  # zarr chunks hold at most about 8 MiB of one variable
@@ -28,10 +28,6 @@ _CHUNK_BYTES = 8 << 20  # zarr chunks hold at most about 8 MiB of one variable
 # segfaults (at the latest when its objects are freed) after a failed write such as ENOSPC.
 IN_MEMORY_NC_BYTES = 512 << 20
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-# Dataset attrs that every capture has carried since the first version, partial ones included:
-# the Tracker writes them when it opens its store (complete=0), from_nnsight and Capture.save
-# copy them. A target without them was not written by this project and is never replaced.
-CAPTURE_MARKS = ("engine", "mode", "complete")
 
 
 def is_zarr_dir(p: Path) -> bool:
@@ -41,9 +37,10 @@ def is_zarr_dir(p: Path) -> bool:
 def check_target(p: Path) -> None:
     """Refuse to replace anything that is not a capture this project wrote: a directory that is
     not a zarr store, a file that is not HDF5 (netCDF4), and an HDF5 file or zarr store that
-    lacks the ``CAPTURE_MARKS`` attrs or cannot be read (someone's weights, data set, a corrupt
-    file). Never delete what the project did not write. Only the root attrs' names are read,
-    never the data, so the check stays a few milliseconds at every ``out=`` capture."""
+    lacks the capture attrs (``REQUIRED_ATTRS``, what ``Capture.load`` requires) or cannot be
+    read (someone's weights, data set, a corrupt file). Never delete what the project did not
+    write. Only the root attrs' names are read, never the data, so the check stays a few
+    milliseconds at every ``out=`` capture."""
     if p.is_dir():
         if not is_zarr_dir(p):
             raise CaptureWriteError(f"{p} is an existing directory that is not a zarr capture; refusing to "
@@ -61,7 +58,7 @@ def check_target(p: Path) -> None:
 
 
 def _require_capture_marks(p: Path, kind: str, attr_names: Callable[[Path], set[str]]) -> None:
-    """Raise unless ``p``'s root attrs hold every ``CAPTURE_MARKS`` name; an unreadable ``p``
+    """Raise unless ``p``'s root attrs hold every ``REQUIRED_ATTRS`` name; an unreadable ``p``
     is refused too (it may be someone's file that this reader does not understand)."""
     fix = "Choose another path, or delete it yourself if it is not needed"
     try:
@@ -69,7 +66,7 @@ def _require_capture_marks(p: Path, kind: str, attr_names: Callable[[Path], set[
     except Exception as e:  # noqa: BLE001 - any failure to read means: not provably ours
         raise CaptureWriteError(f"{p} is an existing {kind}: it cannot be read ({type(e).__name__}: {e}); "
                                 f"refusing to overwrite it. {fix}") from e
-    missing = [m for m in CAPTURE_MARKS if m not in names]
+    missing = [m for m in REQUIRED_ATTRS if m not in names]
     if missing:
         raise CaptureWriteError(f"{p} is an existing {kind}: its attrs lack {missing}, which every capture "
                                 f"has; refusing to overwrite it. {fix}")

@@ -20,6 +20,10 @@ import xarray as xr
 from aligntools.sites import TOKEN_COORDS, sort_sites
 
 TOKEN = "token"
+# Dataset attrs every capture carries, partial ones included (the Tracker writes them when it
+# opens its store): ``Capture.load`` requires them, and ``out=`` / ``Capture.save`` replace
+# only a target that has them (``files.check_target``)
+REQUIRED_ATTRS = ("engine", "mode", "dtype", "knobs", "versions", "model_hash", "complete")
 EMITTED = "emitted."  # prefix of the per-site int8 row masks: 1 where the engine emitted the row
 
 
