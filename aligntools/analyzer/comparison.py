@@ -388,15 +388,15 @@ def _with_reference(results: dict[str, SiteResult], tol: Tolerance,
     logits of a ``generate`` run; inf: the reference is all zero there) would make the limit
     NaN or inf, under which any error passes. Such a site keeps its dtype's default floor, as
     without a reference, and says so; ``Tolerance.with_noise_floor`` itself refuses them."""
-    floors = {s: r.summary["rel_l2"] for s, r in ref.results.items() if r.basis in GATED_BASES}
-    bad = {s: f for s, f in floors.items() if not math.isfinite(f)}
+    floors, bad = Tolerance.usable_floors({s: r.summary["rel_l2"] for s, r in ref.results.items()
+                                           if r.basis in GATED_BASES})
     results = dict(results)
     for s, f in bad.items():
         why = (f"the reference gives no noise floor here (err(a vs reference) = {f}: the reference is "
                f"{'all NaN' if math.isnan(f) else 'all zero'} at this site), so the {results[s].dtype} "
                f"default floor applies")
         results[s] = replace(results[s], note="; ".join(n for n in (results[s].note, why) if n))
-    return results, tol.with_noise_floor({s: f for s, f in floors.items() if s not in bad})
+    return results, tol.with_noise_floor(floors)
 
 
 def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | None = None,

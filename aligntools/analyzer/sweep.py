@@ -131,8 +131,8 @@ def _read_rows(v: xr.DataArray, rows: slice | np.ndarray) -> np.ndarray:
     dim = v.dims[0]
     if isinstance(rows, slice):
         x = v.isel({dim: rows}).values
-    elif _chunk_rows(v) and len(rows):
-        x = _gather_chunks(v, rows, _chunk_rows(v))
+    elif (per_chunk := _chunk_rows(v)) and len(rows):
+        x = _gather_chunks(v, rows, per_chunk)
     else:
         uniq, inv = np.unique(rows, return_inverse=True)
         dense = len(uniq) and uniq[-1] - uniq[0] + 1 == len(uniq)

@@ -104,6 +104,15 @@ class Tolerance:
         """Largest relative L2 error ``site`` may show and still pass."""
         return self.rule(site, dtype).limit(self.noise_floor.get(site))
 
+    @staticmethod
+    def usable_floors(err_per_site: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        """(the finite measured errors, the rest) of ``err_per_site``: a NaN floor (the
+        reference never emitted a site) or an inf one (it is all zero there) would pass any
+        error, so such sites keep their dtype's default floor (``compare(reference=...)`` and
+        the alignment gate both measure floors and both drop these)."""
+        usable = {s: e for s, e in err_per_site.items() if math.isfinite(e)}
+        return usable, {s: e for s, e in err_per_site.items() if s not in usable}
+
     def with_noise_floor(self, err_per_site: Mapping[str, float]) -> Tolerance:
         """Copy whose floors are measured errors (e.g. err(training side vs float64)). Each
         must be a finite number >= 0, as in ``from_dict``: a NaN or inf floor makes the limit

@@ -17,7 +17,6 @@ flip fraction and the final mean/max |Δ logprob| (``LOGPROB_ATOL``, ``FLIP_ATOL
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,10 +224,8 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
     ref_cap = step("float64 capture", lambda: capture(load_hf(path, "float64"), ids, progress=False))
     infer_cap = step("infer capture", lambda: capture(engine, ids, progress=False))
     floor = step("noise floor", lambda: compare(ref_cap, train_cap, labels=("hf:float64", "train")))
-    # a floor that is not finite (float64 all zero or never emitted at a site) would pass any
-    # error there: such a site keeps its dtype's default floor
-    floors = {s: r.summary["rel_l2"] for s, r in floor.results.items()
-              if "rel_l2" in r.summary and math.isfinite(r.summary["rel_l2"])}
+    floors, _ = Tolerance.usable_floors({s: r.summary["rel_l2"] for s, r in floor.results.items()
+                                         if "rel_l2" in r.summary})
     labels = (train_spec.label, inf.label)
     cmp = step("compare", lambda: compare(train_cap, infer_cap, tolerance=policy.with_noise_floor(floors),
                                           labels=labels))
