@@ -7,7 +7,8 @@ interleaved repeat by repeat so that load drift hits them alike: Tracker stats m
 tensor mode (transformers' tensors kept by checked reference), tensor mode with ``copy=True``
 (every value copied in its hook, as before references), stats and tensor mode without the
 derived ``logprobs``/``entropy`` sites (their float32 log-softmax over the vocab is a fixed
-cost of both modes: these two lines show what leaving them out of ``"*"`` would give), nnsight's trace saving the same module-mapped sites (the same-run peer; nnsight
+cost of both modes: these two lines show what leaving them out of ``"*"`` would give),
+nnsight's trace saving the same module-mapped sites (the same-run peer; nnsight
 cannot see q/k after RoPE, so the Tracker captures two sites per layer more, and it keeps
 unchecked references), and a Tracker tensor capture of exactly nnsight's sites (like for like).
 

@@ -9,8 +9,8 @@ read a tensor that changed: ``CapturedValueModified`` names the site and the fix
 (``copy=True``) instead of storing values the engine never produced at that site.
 
 What is borrowed (``can_borrow``): CPU tensors of engines whose writes go through torch
-ops (models made only of transformers' and torch's modules; the adapter says so), that track versions (not inference-mode
-tensors) and whose storage is not much larger than the value (a view into a big buffer
+ops (models made only of transformers' and torch's modules; the adapter says so), that
+track versions (not inference-mode tensors) and whose storage is not much larger than the value (a view into a big buffer
 would keep all of it alive). Anything else is copied in the hook as before.
 
 Once read, a borrowed value may become the capture's own array (a float32 tensor is
