@@ -13,6 +13,7 @@ step). See ``docs/architecture.md``.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from dataclasses import dataclass
 
@@ -101,8 +102,10 @@ def all_sites(n_layers: int, moe_layers: set[int] | None = None) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def order_key(site: str) -> tuple[int, int, str]:
-    """Sort key that puts sites in execution order (unknown raw module paths last)."""
+    """Sort key that puts sites in execution order (unknown raw module paths last); cached,
+    as every capture sorts its sites a few times."""
     s = parse(site)
     if s.layer is None:
         if s.kind in GLOBAL_SITES_BEFORE:

@@ -17,6 +17,7 @@ runs ``reduce_rows`` and finishes the stats rows of every site in one batch at f
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Literal
 
@@ -39,14 +40,37 @@ DERIVED = ("logprobs", "entropy")
 # successor was never seen, which the mask of logits already accounts for.
 MASKED = ("logits", "entropy")
 TokenFilter = Callable[[TokenMetaLike], torch.Tensor]  # -> BoolTensor [N]: which rows to keep
-Chunk = tuple[torch.Tensor, torch.Tensor | Borrowed | RowReduction]  # (capture rows [n], their values or reduction)
-_site_dims = lru_cache(maxsize=1 << 12)(trailing_dims)  # parsing a site name costs ~20 us per variable and capture
 _TORCH_DTYPE = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
                 np.dtype(np.int64): torch.int64}  # stored numpy dtype -> the torch dtype to widen to
 
 
 class CaptureBudgetExceeded(RuntimeError):
     """Tensor capture would exceed ``budget_bytes``; what was captured before is kept."""
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The capture rows of one engine call's tokens, shared by every site emitted for them.
+
+    Why not the bare index tensor: the flush asks each site's chunk which step it belongs to
+    (``first``) and whether it can be stored as it is (``span``); answered once per forward
+    here, not once per site (a tensor read or compare costs microseconds, times ~40 sites).
+    """
+
+    ids: torch.Tensor  # [n] int64
+    first: int  # ids[0] (a chunk's rows all belong to one step)
+    span: bool  # ids == first + arange(n): rows stored in order, no scatter
+
+    @classmethod
+    def of(cls, ids: list[int]) -> "Rows":
+        span = ids == list(range(ids[0], ids[0] + len(ids))) if ids else False
+        return cls(torch.tensor(ids, dtype=torch.long), ids[0] if ids else 0, span)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+
+Chunk = tuple[Rows, torch.Tensor | Borrowed | RowReduction]  # (capture rows, their values or reduction)
 
 
 class Recorder:
@@ -149,7 +173,7 @@ class Recorder:
         if site in self.sites:
             self._store(site, rows, v, copy=keep is None and not owned, borrow=borrow and not self.copy)
         if site == "logits" and self._derive is not None:
-            for name, val in zip(DERIVED, self._derive.on_logits(rows, keys, v, self._token_of)):
+            for name, val in zip(DERIVED, self._derive.on_logits(rows.ids, keys, v, self._token_of)):
                 if val is not None:
                     self._store(name, rows, val, copy=False, dtype_attr="float32")
 
@@ -164,8 +188,8 @@ class Recorder:
 
     # ---- rows ---------------------------------------------------------------------------
 
-    def _rows(self, meta: TokenMetaLike) -> tuple[torch.Tensor | None, torch.Tensor, list]:
-        """(kept local indices or None for all, capture rows [n], (request, position) keys)."""
+    def _rows(self, meta: TokenMetaLike) -> tuple[torch.Tensor | None, Rows, list]:
+        """(kept local indices or None for all, capture rows, (request, position) keys)."""
         cache = self._meta_cache
         if cache is not None and cache[0] is meta:
             return cache[1:]
@@ -185,7 +209,7 @@ class Recorder:
         idx = range(len(request)) if keep is None else keep.tolist()
         keys = [(request[i], position[i]) for i in idx]
         rows = self._row_ids(keys, [token[i] for i in idx], step)
-        out = (keep, torch.tensor(rows, dtype=torch.long), keys)
+        out = (keep, Rows.of(rows), keys)
         self._meta_cache = (meta, *out)
         return out
 
@@ -221,7 +245,7 @@ class Recorder:
 
     # ---- values -------------------------------------------------------------------------
 
-    def _store(self, site: str, rows: torch.Tensor, v: torch.Tensor, *, copy: bool, borrow: bool = False,
+    def _store(self, site: str, rows: Rows, v: torch.Tensor, *, copy: bool, borrow: bool = False,
                dtype_attr: str | None = None) -> None:
         if self.budget_bytes is not None and self._stored_bytes + self._nbytes(v) > self.budget_bytes:
             self._over_budget(site, v)
@@ -230,7 +254,7 @@ class Recorder:
         if self.mode == "stats":
             data = reduce_rows(v)  # finished into [n, 8] float64 rows at flush
         else:  # the engine's dtype on the CPU; widened when written
-            rows_v = v.reshape(len(v), *self._trailing(site, v))  # [n, *trailing]
+            rows_v = v.reshape(v.shape[0], *_trailing(site, v.shape[1:]))  # [n, *trailing]
             data = Borrowed.of(site, rows_v) if copy and borrow and can_borrow(rows_v) else rows_v.to("cpu", copy=copy)
         nbytes = self._nbytes(data)
         self._stored_bytes += nbytes
@@ -246,27 +270,21 @@ class Recorder:
             v = v.value
         return v.numel() * (4 if v.is_floating_point() else 8)
 
-    def _trailing(self, site: str, v: torch.Tensor) -> tuple[int, ...]:
-        """Trailing shape matching the site's dims (extra dims are flattened into one)."""
-        n_dims = len(_site_dims(site))
-        if n_dims == 0:
-            return ()
-        return (*v.shape[1:n_dims], math.prod(v.shape[n_dims:]))
-
     def _spec(self, site: str, v: torch.Tensor, dtype_attr: str) -> VarSpec:
-        attrs = {"dtype": dtype_attr}
-        if site in DERIVED:
-            attrs["derived_from"] = "logits"
+        spec = _var_spec(site, dtype_attr, v.is_floating_point(), self.mode == "stats")
         if self.mode == "stats":
-            return VarSpec((TOKEN, "stat"), np.dtype(np.float64), attrs)
-        dims = []
-        for dim, size in zip(_site_dims(site), self._trailing(site, v)):
-            if self._dim_sizes.setdefault(dim, size) != size:
-                dim = f"{dim}.{site}"  # raw module paths share the name "feature" at other sizes
-                self._dim_sizes[dim] = size
-            dims.append(dim)
-        dtype = np.int64 if not v.is_floating_point() else np.float32
-        return VarSpec((TOKEN, *dims), np.dtype(dtype), attrs)
+            return spec
+        dims = tuple(self._dim_name(dim, size, site) for dim, size in zip(spec.dims[1:], _trailing(site, v.shape[1:])))
+        return spec if dims == spec.dims[1:] else VarSpec((TOKEN, *dims), spec.dtype, spec.attrs)
+
+    def _dim_name(self, dim: str, size: int, site: str) -> str:
+        """``dim``, or ``dim.<site>`` where this capture already has ``dim`` at another size
+        (raw module paths all name their dim "feature")."""
+        if self._dim_sizes.setdefault(dim, size) == size:
+            return dim
+        renamed = f"{dim}.{site}"
+        self._dim_sizes[renamed] = size
+        return renamed
 
     def _over_budget(self, site: str, v: torch.Tensor) -> None:
         msg = (f"capturing {site!r} would bring the capture to {self._stored_bytes + self._nbytes(v)} bytes, "
@@ -311,15 +329,15 @@ class Recorder:
         for site in self.sites & set(MASKED):
             block[EMITTED + site] = np.zeros(hi - lo, dtype=np.int8)
         for site, chunks in self._buffer.items():
-            now = [(r, d) for r, d in chunks if int(r[0]) < hi]
+            now = [(r, d) for r, d in chunks if r.first < hi]
             if not now:
                 continue
-            self._buffer[site] = [(r, d) for r, d in chunks if int(r[0]) >= hi]
+            self._buffer[site] = [(r, d) for r, d in chunks if r.first >= hi]
             self._buffered_bytes -= sum(self._nbytes(d) for _, d in now)
             block[site] = self._block(self._specs[site], now, lo, hi)
             if site in MASKED:
                 for rows, _ in now:
-                    block[EMITTED + site][rows.numpy() - lo] = 1
+                    block[EMITTED + site][rows.ids.numpy() - lo] = 1
         late = self._patch_late(block, lo, hi)
         self.store.append(self._specs, block, hi - lo)
         self._flushed = hi
@@ -343,14 +361,14 @@ class Recorder:
         target = _TORCH_DTYPE[spec.dtype]
         if len(chunks) == 1:
             rows, data = chunks[0]
-            if len(rows) == hi - lo and torch.equal(rows, torch.arange(lo, hi)):
+            if rows.span and rows.first == lo and len(rows) == hi - lo:
                 if isinstance(data, Borrowed):  # becomes the capture's array where already float32
                     data = data.take(exclusive=data.value.dtype == target)
                 return data.to(target).numpy()
         values = [(rows, data.take() if isinstance(data, Borrowed) else data) for rows, data in chunks]
         arr = np.full((hi - lo, *values[0][1].shape[1:]), spec.fill, dtype=spec.dtype)
         for rows, data in values:
-            arr[rows.numpy() - lo] = data.to(target).numpy()
+            arr[rows.ids.numpy() - lo] = data.to(target).numpy()
         return arr
 
     def _patch_late(self, block: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, list]:
@@ -378,6 +396,27 @@ class Recorder:
         if not isinstance(self.store, MemoryStore):
             raise TypeError("dataset() is for in-memory captures; load the file the store wrote")
         return self.store.dataset()
+
+
+@lru_cache(maxsize=1 << 12)
+def _var_spec(site: str, dtype_attr: str, floating: bool, stats: bool) -> VarSpec:
+    """The stored layout of a site (cached: every capture asks for each of its sites; the
+    specs are never modified)."""
+    attrs = {"dtype": dtype_attr, **({"derived_from": "logits"} if site in DERIVED else {})}
+    if stats:
+        return VarSpec((TOKEN, "stat"), np.dtype(np.float64), attrs)
+    return VarSpec((TOKEN, *trailing_dims(site)), np.dtype(np.float32 if floating else np.int64), attrs)
+
+
+@lru_cache(maxsize=1 << 12)
+def _trailing(site: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape after the token dim, ``shape`` (a value's ``shape[1:]``), under the site's
+    dims: extra dims are flattened into the last one (cached: asked for every site of every
+    forward)."""
+    n_dims = len(trailing_dims(site))
+    if n_dims == 0:
+        return ()
+    return (*shape[:n_dims - 1], math.prod(shape[n_dims - 1:]))
 
 
 def _filter_mask(mask: object, n: int) -> torch.Tensor:

@@ -39,6 +39,7 @@ from numba.core.compiler_lock import global_compiler_lock
 from aligntools.numba_safe import numba
 
 _LANES, _ILP, _LEVELS, _MIN_BITS = 4, 4, 4, 4  # torch: Vectorized<double> here, ilp_factor, num_levels, level power
+ZERO_MIN_MAX, NONFINITE_SUM = 1, 2  # row_sums' flags
 
 
 @numba.njit(inline="always")
@@ -142,18 +143,26 @@ def _norm_min_max(x, r, l2, mn, mx, vec):
     l2[r], mn[r], mx[r] = np.sqrt(b), a, z
 
 
-def _rows_kernel(x, mn, mx, total, l2) -> None:
-    """``x`` float32 [N, D] C-contiguous -> ``mn``/``mx`` float32 [N], ``total``/``l2`` float64 [N]."""
+def _rows_kernel(x, out) -> int:
+    """``x`` float32 [N, D] C-contiguous -> ``out`` float64 [4, N]: min, max, sum, l2 of each
+    row; returns the flags ``ZERO_MIN_MAX | NONFINITE_SUM`` that hold for some row."""
     n, d = x.shape
+    mn, mx, total, l2 = out[0], out[1], out[2], out[3]
     vec = d // _LANES
     ceil_log2, rest = 1, vec // _ILP - 1  # torch: level power = max(4, CeilLog2(size) / num_levels)
     while rest > 1:
         rest >>= 1
         ceil_log2 += 1
     bits = max(_MIN_BITS, ceil_log2 // _LEVELS)
+    flags = 0
     for r in range(n):
         total[r] = _row_sum(x[r], bits)
         _norm_min_max(x, r, l2, mn, mx, vec)
+        if mn[r] == 0.0 or mx[r] == 0.0:
+            flags |= ZERO_MIN_MAX
+        if not np.isfinite(total[r]):
+            flags |= NONFINITE_SUM
+    return flags
 
 
 @functools.cache
@@ -161,7 +170,7 @@ def _compiled() -> Callable:
     """The kernel compiled with LLVM's SLP vectorizer on (see the module docstring); numba's
     on-disk cache makes this a load after the first process."""
     fn = numba.njit(nogil=True, cache=True, boundscheck=False)(_rows_kernel)
-    sig = (numba.float32[:, ::1], numba.float32[::1], numba.float32[::1], numba.float64[::1], numba.float64[::1])
+    sig = (numba.float32[:, ::1], numba.float64[:, ::1])
     with global_compiler_lock:
         before = numba_config.SLP_VECTORIZE
         numba_config.SLP_VECTORIZE = 1
@@ -172,15 +181,18 @@ def _compiled() -> Callable:
     return fn
 
 
-def row_sums(flt: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(min, max) float32 [N] and (sum, l2) float64 [N] of ``flt`` float32 [N, D], C-contiguous
-    on the CPU, every entry finite or not (the caller checks the sums).
+def row_sums(flt: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(float64 [4, N]: min, max, sum, l2 of each row of ``flt`` float32 [N, D], C-contiguous
+    on the CPU, every entry finite or not; flags): ``flags & ZERO_MIN_MAX`` when some min or
+    max is zero (whose sign depends on the order), ``flags & NONFINITE_SUM`` when some row
+    holds NaN/inf. min and max are float32 values, exact in float64.
 
-    One thread: splitting the rows over two threads (the kernel releases the GIL) was
-    measured slower here, the handoff costing more than half a site's pass.
+    One call with one output and the checks as flags: a site's rows cost the same fixed
+    ~10 us whatever their size (a tensor per output and a numpy check per answer cost as
+    much again, per site and forward). One thread: splitting the rows over two threads (the
+    kernel releases the GIL) was measured slower here, the handoff costing more than half a
+    site's pass.
     """
-    n = len(flt)
-    outs = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32),
-            torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64))
-    _compiled()(flt.numpy(), *(t.numpy() for t in outs))
-    return outs
+    out = torch.empty(4, len(flt), dtype=torch.float64)
+    flags = _compiled()(flt.numpy(), out.numpy())
+    return out, flags

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aligntools.tracker import row_kernel
+from aligntools.tracker import fold_kernel, row_kernel
 
 STAT_NAMES: tuple[str, ...] = ("min", "max", "mean", "l2", "amax", "n_nan", "n_inf", "hash")
 
@@ -43,7 +43,7 @@ _FOLD = torch.randint(1, _P2, (2, _LANES), generator=torch.Generator().manual_se
 class RowReduction:
     """What ``reduce_rows`` read from a tensor of N rows, for ``finish_rows`` to complete."""
 
-    mn: torch.Tensor  # [N] float32 (float64 when the rows hold NaN/inf)
+    mn: torch.Tensor  # [N] float32 values (in a float64 tensor from the compiled pass or for rows with NaN/inf)
     mx: torch.Tensor  # [N]
     mean: torch.Tensor  # [N] float64
     l2: torch.Tensor  # [N] float64
@@ -51,7 +51,7 @@ class RowReduction:
     masked: torch.Tensor | None = None  # [N, 3] float64 (amax, n_nan, n_inf) when some entry is NaN/inf
 
     def __len__(self) -> int:
-        return len(self.mean)
+        return self.mean.shape[0]
 
 
 def row_stats(x: torch.Tensor) -> torch.Tensor:
@@ -75,15 +75,17 @@ def reduce_rows(x: torch.Tensor) -> RowReduction:
     flt = (rows if rows.dtype == torch.float32 else rows.to(torch.float32)).contiguous()
     lanes = hash_lanes(flt if rows.is_floating_point() else rows.to(torch.int64))
     if _compiled_applies(flt):  # the same bits in one pass (row_kernel)
-        mn, mx, total, l2 = row_kernel.row_sums(flt)
-        if not (mn.numpy().all() and mx.numpy().all()):  # a zero: its sign depends on torch's order
+        (mn, mx, total, l2), flags = row_kernel.row_sums(flt)
+        if flags & row_kernel.ZERO_MIN_MAX:  # a zero: its sign depends on torch's order
             mn, mx = flt.amin(1), flt.amax(1)
+        finite = not flags & row_kernel.NONFINITE_SUM
     else:
         # separate amin/amax: torch.aminmax is ~50x slower on CPU; both refuse empty rows
         mn, mx = (flt.amin(1), flt.amax(1)) if flt.shape[1] else (flt.sum(1),) * 2  # [N] each
         total, l2 = _sum_l2(flt)
+        finite = math.isfinite(total.sum().item())
     # float64 sums of float32 values cannot overflow: a non-finite total means NaN/inf entries
-    if math.isfinite(total.sum().item()):
+    if finite:
         return RowReduction(mn, mx, total / flt.shape[1], l2, lanes)
     mn, mx, mean, l2, masked = _masked_stats(flt)
     return RowReduction(mn, mx, mean, l2, lanes, masked)
@@ -145,9 +147,9 @@ def _kernel_agrees() -> bool:
     for n, d in [(1, 1), (3, 5), (2, 63), (9, 64), (5, 65), (64, 255), (7, 1024 + 3), (3, 4096 * 4 + 17),
                  (2, 32767), (600, 37)]:
         x = torch.randn(n, d, generator=g) * torch.exp(torch.randn(n, d, generator=g) * 8)
-        got = row_kernel.row_sums(x)
-        want = (x.amin(1), x.amax(1), *_sum_l2(x))
-        if not all(torch.equal(a.view(torch.int8), b.view(torch.int8)) for a, b in zip(got, want)):
+        got, flags = row_kernel.row_sums(x)
+        want = (x.amin(1).double(), x.amax(1).double(), *_sum_l2(x))
+        if flags or not all(torch.equal(a.view(torch.int8), b.view(torch.int8)) for a, b in zip(got, want)):
             warnings.warn("stats: the compiled row kernel does not reproduce torch's sums on this build; "
                           "using torch's path (same values, slower)", stacklevel=2)
             return False
@@ -196,18 +198,15 @@ def hash_lanes(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _fold(lanes: torch.Tensor) -> torch.Tensor:
-    """Lane sums [N, lanes] -> the 52-bit hash as float64 [N] (CPU).
+    """Lane sums [N, lanes] -> the 52-bit hash as float64 [N] (CPU): two random linear
+    combinations of the lanes, modulo ``_P1`` and ``_P2``, side by side in 31 + 21 bits.
 
     (sum of lane * weight) mod P is the same residue with or without reducing each lane mod
     P first; lanes of one chunk (|lane| < 2**31) are used as they are, which saves the
-    integer divisions (the costly part), and only longer rows' lanes are reduced first.
-    Either way every term is below 2**52 and the sum of 8 cannot overflow int64.
+    integer divisions, and only longer rows' lanes are reduced first. Either way every term
+    is below 2**52 and the sum of 8 cannot overflow int64. Compiled (``fold_kernel``).
     """
-    short = lanes.dtype == torch.int32 or len(lanes) == 0 or int(lanes.abs().max()) < 1 << 31
-    lanes = lanes.to(torch.int64)
-    h1 = ((lanes if short else lanes % _P1) * _FOLD[0]).sum(1) % _P1
-    h2 = ((lanes if short else lanes % _P2) * _FOLD[1]).sum(1) % _P2
-    return ((h1 << 21) | h2).to(torch.float64)
+    return fold_kernel.fold(lanes, _FOLD, _P1, _P2)
 
 
 def _int8_matmul(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

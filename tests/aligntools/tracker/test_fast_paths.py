@@ -51,7 +51,10 @@ def test_hash_fold_skips_the_lane_reduction_only_where_it_cannot_matter():
     g = torch.Generator().manual_seed(5)
     lanes = torch.randint(-(1 << 31), 1 << 31, (50, 8), generator=g)  # one chunk's range
     wide = lanes * 300  # several chunks' range: reduced before the products
-    for x in (lanes, wide, lanes.to(torch.int32)):
+    huge = torch.randint(-(1 << 62), 1 << 62, (50, 8), generator=g)  # very long rows
+    mixed = torch.where(torch.rand(50, 8, generator=g) < 0.5, lanes, huge)  # big and small lanes in a row
+    edges = torch.tensor([[(1 << 31) - 1, -(1 << 31) + 1, 1 << 31, -(1 << 31), 0, 1, -1, (1 << 63) - 1]])
+    for x in (lanes, wide, huge, mixed, edges, lanes.to(torch.int32), lanes[:0]):
         x64 = x.to(torch.int64)
         h1 = ((x64 % stats._P1) * stats._FOLD[0]).sum(1) % stats._P1
         h2 = ((x64 % stats._P2) * stats._FOLD[1]).sum(1) % stats._P2
@@ -176,6 +179,18 @@ def test_tensor_mode_copies_what_the_engine_may_still_hold_and_keeps_what_it_was
     assert ds["embed"].values.any() and ds["final_norm"].values.tobytes() == made_for_us.numpy().tobytes()
 
 
+@pytest.mark.parametrize("mode", ["tensor", "stats"])
+def test_dataset_assembled_directly_is_the_public_constructors(hf_model, ids, mode):
+    import xarray as xr
+
+    ds = aligntools.capture(hf_model("tiny-qwen3-moe"), ids, mode=mode, progress=False).dataset
+    public = xr.Dataset({n: ds.variables[n] for n in ds.data_vars}, coords={n: ds.variables[n] for n in ds.coords},
+                        attrs=ds.attrs)
+    assert ds.identical(public) and list(ds.variables) == list(public.variables)
+    assert set(ds.xindexes) == set(public.xindexes) == ({"stat"} if mode == "stats" else set())
+    assert "emitted.logits" in ds.coords and ds.sel(token=slice(1, 3)).sizes["token"] == 2
+
+
 def kernel_rows() -> list[torch.Tensor]:
     """float32 rows around every lane, ILP, cascade-step and level boundary of torch's sums,
     with a 1e-30..1e30 spread of magnitudes (so any change of order changes the bits)."""
@@ -192,10 +207,25 @@ def test_compiled_row_kernel_is_torch_bit_for_bit():
     if not stats._kernel_agrees():
         pytest.skip("this torch build sums in another order: stats mode uses torch's path")
     for x in kernel_rows() + [torch.randn(600, 37), torch.randn(2, 32767) * 1e30]:
-        got = row_kernel.row_sums(x)
-        want = (x.amin(1), x.amax(1), *stats._sum_l2(x))
+        got, flags = row_kernel.row_sums(x)
+        want = (x.amin(1).double(), x.amax(1).double(), *stats._sum_l2(x))
         for name, a, b in zip(("min", "max", "sum", "l2"), got, want):
             assert torch.equal(bits(a), bits(b)), (name, tuple(x.shape))
+        assert flags == 0, tuple(x.shape)  # no zero min/max, no NaN/inf in these rows
+
+
+def test_compiled_row_kernel_flags_zero_extremes_and_nonfinite_rows():
+    from aligntools.tracker import row_kernel
+
+    x = torch.randn(4, 37) + 10  # all positive: no zero extreme
+    assert row_kernel.row_sums(x)[1] == 0
+    x[1, 5] = -0.0  # now the min of row 1 is a zero
+    assert row_kernel.row_sums(x)[1] == row_kernel.ZERO_MIN_MAX
+    x[2, 0] = float("nan")
+    assert row_kernel.row_sums(x)[1] == row_kernel.ZERO_MIN_MAX | row_kernel.NONFINITE_SUM
+    x[1, 5] = 1.0
+    x[2, 0] = float("-inf")
+    assert row_kernel.row_sums(x)[1] == row_kernel.NONFINITE_SUM
 
 
 def test_stats_with_and_without_the_compiled_kernel_are_the_same_bytes(monkeypatch):

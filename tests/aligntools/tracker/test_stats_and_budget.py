@@ -104,6 +104,28 @@ def test_unknown_module_falls_back_to_paths_and_counts_nan_inf():
     np.testing.assert_array_equal(st[:, 1], torch.isinf(out).sum(-1).numpy())
 
 
+class TwoWidths(nn.Module):
+    """Raw module paths whose outputs share the dim name ``feature`` at two sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.up = nn.Linear(8, 12)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.up(self.emb(ids))
+
+
+def test_raw_paths_of_other_widths_get_their_own_dim_in_every_capture():
+    model, ids = TwoWidths(), torch.tensor([[1, 3, 5]])
+    for _ in range(2):  # the second capture reuses the cached layouts: same dims
+        with pytest.warns(UserWarning, match="no recognisable decoder layers"):
+            ds = aligntools.capture(model, ids, sites="emb,up", progress=False).dataset
+        assert ds["emb"].dims == ("token", "feature") and ds.sizes["feature"] == 8
+        assert ds["up"].dims == ("token", "feature.up") and ds.sizes["feature.up"] == 12
+        np.testing.assert_array_equal(ds["up"].values, model(ids)[0].detach().numpy())
+
+
 def test_unknown_site_pattern_lists_available_sites(hf_model):
     with pytest.raises(ValueError, match=r"'L9\.nope'.*available sites: embed, L0\.attn_norm"):
         aligntools.Tracker(hf_model("tiny-llama"), sites="L9.nope")
