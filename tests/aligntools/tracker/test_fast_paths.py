@@ -191,6 +191,18 @@ def test_dataset_assembled_directly_is_the_public_constructors(hf_model, ids, mo
     assert "emitted.logits" in ds.coords and ds.sel(token=slice(1, 3)).sizes["token"] == 2
 
 
+@pytest.mark.parametrize("mode", ["tensor", "stats"])
+def test_editing_a_captures_attrs_does_not_reach_the_next_capture(hf_model, ids, mode):
+    """Site layouts are cached across captures: what a user edits on one capture stays there."""
+    model = hf_model("tiny-llama")
+    first = aligntools.capture(model, ids, mode=mode, progress=False).dataset
+    first["L0.q"].attrs["dtype"] = "edited"
+    first["logprobs"].attrs.pop("derived_from")
+    again = aligntools.capture(model, ids, mode=mode, progress=False).dataset
+    assert again["L0.q"].attrs == {"dtype": "float32"}
+    assert again["logprobs"].attrs == {"dtype": "float32", "derived_from": "logits"}
+
+
 def kernel_rows() -> list[torch.Tensor]:
     """float32 rows around every lane, ILP, cascade-step and level boundary of torch's sums,
     with a 1e-30..1e30 spread of magnitudes (so any change of order changes the bits)."""
