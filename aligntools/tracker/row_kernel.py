@@ -187,11 +187,11 @@ def row_sums(flt: torch.Tensor) -> tuple[torch.Tensor, int]:
     max is zero (whose sign depends on the order), ``flags & NONFINITE_SUM`` when some row
     holds NaN/inf. min and max are float32 values, exact in float64.
 
-    One call with one output and the checks as flags: a site's rows cost the same fixed
-    ~10 us whatever their size (a tensor per output and a numpy check per answer cost as
-    much again, per site and forward). One thread: splitting the rows over two threads (the
-    kernel releases the GIL) was measured slower here, the handoff costing more than half a
-    site's pass.
+    Why one output block and flags: the call costs ~10 us per site and forward besides the
+    pass itself, and a tensor per output plus a numpy check per answer cost as much again.
+    One thread: splitting the rows over two threads (the kernel releases the GIL) was
+    measured slower here, the handoff costing more than half a site's pass (and for the
+    logits no faster in place, docs/tracker.md).
     """
     out = torch.empty(4, len(flt), dtype=torch.float64)
     flags = _compiled()(flt.numpy(), out.numpy())
