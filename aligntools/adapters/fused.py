@@ -143,11 +143,15 @@ def _child(model: nn.Module, name: str) -> nn.Module | None:
 class FusedModuleAdapter(Adapter):
     """Hooks a vLLM/SGLang-style model. ``layout(args, kwargs) -> list[Rows]`` gives the token
     rows of each forward of ``model`` (see ``flat_meta``); subclasses say where the layout
-    comes from and how the engine is reached."""
+    comes from (their ``_layout`` method, when ``layout`` is None) and how the engine is
+    reached. A method, not ``layout=self._layout``: an adapter holding its own bound method
+    is a reference cycle, which keeps the capture it recorded alive until Python's full
+    garbage collection."""
 
     engine = "module"
 
-    def __init__(self, model: nn.Module, config: object, layout: Callable[[tuple, dict], list[Rows]]) -> None:
+    def __init__(self, model: nn.Module, config: object,
+                 layout: Callable[[tuple, dict], list[Rows]] | None = None) -> None:
         roles = find_roles(model, config)
         if roles is None:
             raise ValueError(f"{type(model).__qualname__}: no decoder layers with qkv_proj/o_proj found")
@@ -184,7 +188,10 @@ class FusedModuleAdapter(Adapter):
 
     def _begin(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._recorder.forward_boundary()  # steps interleave inside a forward: flush between forwards
-        self._rows = self.layout(args, kwargs)
+        self._rows = (self.layout or self._layout)(args, kwargs)
+
+    def _layout(self, args: tuple, kwargs: dict) -> list[Rows]:
+        raise NotImplementedError(f"{type(self).__name__}: give layout= or define _layout")
 
     def _emit(self, rec: Recorder, need: set[str], names: dict[str, str], values: dict[str, torch.Tensor]) -> None:
         if self._rows is None:
@@ -231,7 +238,7 @@ class FusedModuleAdapter(Adapter):
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._rows = self._layer = None
+        self._rows = self._layer = self._recorder = None  # a kept adapter holds no capture
 
     def run(self, input_ids: torch.Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__} captures the engine's own calls; run it under the Tracker")

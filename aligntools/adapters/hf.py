@@ -131,22 +131,19 @@ class HFAdapter(Adapter):
         mod = self._rope_module(lr)
         if any(m is mod for m, _ in self._patches):
             return
-        original = getattr(mod, ROPE_SYMBOL)
+        tap = RopeTap(getattr(mod, ROPE_SYMBOL), self._emit_rope)
+        setattr(mod, ROPE_SYMBOL, tap)
+        self._patches.append((mod, tap))
 
-        def rope_and_emit(q, k, *args, **kwargs):
-            q_out, k_out = original(q, k, *args, **kwargs)
-            layer = self._attn_layer
-            if layer is not None and rope_and_emit.active:
-                for kind, out in (("q", q_out), ("k", k_out)):
-                    # [B, heads, S, D] -> [B, S, heads*D]: a copy (ours to keep) unless S or heads is 1
-                    rows = out.transpose(1, 2).flatten(2)
-                    owned = rows.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
-                    self._emit(f"L{layer}.{kind}", rows, owned=owned)
-            return q_out, k_out
-
-        rope_and_emit.active, rope_and_emit.original = True, original
-        setattr(mod, ROPE_SYMBOL, rope_and_emit)
-        self._patches.append((mod, rope_and_emit))
+    def _emit_rope(self, q_out: torch.Tensor, k_out: torch.Tensor) -> None:
+        layer = self._attn_layer
+        if layer is None:
+            return
+        for kind, out in (("q", q_out), ("k", k_out)):
+            # [B, heads, S, D] -> [B, S, heads*D]: a copy (ours to keep) unless S or heads is 1
+            rows = out.transpose(1, 2).flatten(2)
+            owned = rows.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+            self._emit(f"L{layer}.{kind}", rows, owned=owned)
 
     def detach(self) -> None:
         for h in self._handles:
@@ -155,7 +152,7 @@ class HFAdapter(Adapter):
         for mod, wrapper in reversed(self._patches):
             _unpatch(mod, wrapper)
         self._patches.clear()
-        self._layout = None
+        self._layout = self._rec = None  # a kept adapter holds no capture
 
     def _begin_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         inp = call_inputs(args, kwargs)
@@ -252,14 +249,39 @@ def _library_code_only(model: nn.Module) -> bool:
     return all(type(m).__module__.split(".")[0] in ("transformers", "torch") for m in model.modules())
 
 
-def _unpatch(mod: object, wrapper: Callable) -> None:
+class RopeTap:
+    """transformers' RoPE function with q/k after RoPE handed to ``emit``, its result unchanged.
+
+    A small object rather than a closure: a closure that reads its own ``active`` flag holds
+    itself, and with it the adapter, the recorder and every captured value, in a reference
+    cycle that only Python's full garbage collection frees (a loop of captures then grows by
+    a capture each time). ``active`` goes False when its Tracker detaches; ``original`` is
+    the function it wraps (``_unpatch`` walks that chain).
+    """
+
+    def __init__(self, original: Callable, emit: Callable[[torch.Tensor, torch.Tensor], None] | None) -> None:
+        self.original, self.emit, self.active = original, emit, True
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        q_out, k_out = self.original(q, k, *args, **kwargs)
+        if self.active:
+            self.emit(q_out, k_out)
+        return q_out, k_out
+
+    def switch_off(self) -> None:
+        """Pass calls through from now on, holding no adapter (a tap left under another
+        Tracker's keeps no capture alive)."""
+        self.active, self.emit = False, None
+
+
+def _unpatch(mod: object, wrapper: RopeTap) -> None:
     """Take ``wrapper`` out of ``mod``'s RoPE function, also when Trackers exit out of order.
 
     Another Tracker's wrapper may sit on top of ours (it patched after us) or below it: ours
     is switched off, and whoever is on top puts back the first function below it that is not
     a switched-off wrapper, so no stale wrapper (holding its recorder) outlives the Trackers.
     """
-    wrapper.active = False
+    wrapper.switch_off()
     if getattr(mod, ROPE_SYMBOL) is not wrapper:
         return  # a later Tracker's wrapper is on top: it unwinds past ours when it detaches
     restore = wrapper.original

@@ -25,7 +25,7 @@ class SglangAdapter(FusedModuleAdapter):
         self._steps: dict[int, int] = {}  # pool slot -> decode step of the request in it
         self._request: dict[int, int] = {}  # pool slot -> capture request id (slots are reused)
         self._next_request = 0
-        super().__init__(runner.model, runner.model_config.hf_config, self._layout)
+        super().__init__(runner.model, runner.model_config.hf_config)
 
     def attach(self, recorder) -> None:
         original = self.runner.forward

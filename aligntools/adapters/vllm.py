@@ -62,7 +62,7 @@ class VllmAdapter(FusedModuleAdapter):
         self._request_index: dict[str, int] = {}
         self._hidden: torch.Tensor | None = None
         self._patched: list[tuple[object, str]] = []
-        super().__init__(runner.model, runner.model_config.hf_config, self._layout)
+        super().__init__(runner.model, runner.model_config.hf_config)
         self.taps = self._method_taps()
         tapped = {k for t in self.taps for k in t.kinds}
         self.plan = [p for p in self.plan if not set(p.kinds) & tapped]  # routing/logits come from the taps

@@ -50,6 +50,7 @@ class NextTokenLogprobs:
         """log p(next token) = (x[t] - top) - log_s [n] of logits ``x`` [n, V], NaN where the
         next token is not known yet (its row's log-softmax is kept until it is)."""
         targets = torch.tensor([token_of.get((r, p_ + 1), -1) for r, p_ in keys], dtype=torch.long)  # [n]
+        _check_width(int(targets.max()) if len(targets) else -1, x.shape[1])
         known = targets >= 0
         picked = (x.gather(1, targets.clamp(min=0)[:, None].to(x.device)).float() - top) - log_s  # [n, 1]
         for i in torch.nonzero(~known)[:, 0].tolist():
@@ -63,7 +64,18 @@ class NextTokenLogprobs:
         if hit is None or token_id < 0:
             return None
         row, logp = hit
+        _check_width(token_id, len(logp))
         return row, float(logp[token_id])
+
+
+def _check_width(token_id: int, width: int) -> None:
+    """A next token must be one of the logits' columns; else these are not next-token logits
+    over the ids' vocabulary (a raw module's output, say), and a logprob means nothing."""
+    if token_id >= width:
+        raise ValueError(f"logprobs: next-token id {token_id} is outside the {width} logits of its row, so the "
+                         f"model's output is not next-token logits over these ids; capture without the derived "
+                         f"sites (sites='embed,L*,final_norm,logits', or the module paths you need) or give ids "
+                         f"below {width}")
 
 
 def _log_partition(logits: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

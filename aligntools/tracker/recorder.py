@@ -49,7 +49,7 @@ class CaptureBudgetExceeded(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Rows:
+class CaptureRows:
     """The capture rows of one engine call's tokens, shared by every site emitted for them.
 
     Why not the bare index tensor: the flush asks each site's chunk which step it belongs to
@@ -62,7 +62,7 @@ class Rows:
     span: bool  # ids == first + arange(n): rows stored in order, no scatter
 
     @classmethod
-    def of(cls, ids: list[int]) -> "Rows":
+    def of(cls, ids: list[int]) -> "CaptureRows":
         span = ids == list(range(ids[0], ids[0] + len(ids))) if ids else False
         return cls(torch.tensor(ids, dtype=torch.long), ids[0] if ids else 0, span)
 
@@ -70,7 +70,7 @@ class Rows:
         return self.ids.shape[0]
 
 
-Chunk = tuple[Rows, torch.Tensor | Borrowed | RowReduction]  # (capture rows, their values or reduction)
+Chunk = tuple[CaptureRows, torch.Tensor | Borrowed | RowReduction]  # (capture rows, their values or reduction)
 
 
 class Recorder:
@@ -188,7 +188,7 @@ class Recorder:
 
     # ---- rows ---------------------------------------------------------------------------
 
-    def _rows(self, meta: TokenMetaLike) -> tuple[torch.Tensor | None, Rows, list]:
+    def _rows(self, meta: TokenMetaLike) -> tuple[torch.Tensor | None, CaptureRows, list]:
         """(kept local indices or None for all, capture rows, (request, position) keys)."""
         cache = self._meta_cache
         if cache is not None and cache[0] is meta:
@@ -209,7 +209,7 @@ class Recorder:
         idx = range(len(request)) if keep is None else keep.tolist()
         keys = [(request[i], position[i]) for i in idx]
         rows = self._row_ids(keys, [token[i] for i in idx], step)
-        out = (keep, Rows.of(rows), keys)
+        out = (keep, CaptureRows.of(rows), keys)
         self._meta_cache = (meta, *out)
         return out
 
@@ -245,7 +245,7 @@ class Recorder:
 
     # ---- values -------------------------------------------------------------------------
 
-    def _store(self, site: str, rows: Rows, v: torch.Tensor, *, copy: bool, borrow: bool = False,
+    def _store(self, site: str, rows: CaptureRows, v: torch.Tensor, *, copy: bool, borrow: bool = False,
                dtype_attr: str | None = None) -> None:
         if self.budget_bytes is not None and self._stored_bytes + self._nbytes(v) > self.budget_bytes:
             self._over_budget(site, v)

@@ -106,6 +106,7 @@ class Tracker:
             self._capture = Capture.load(self.out, lazy=True) if exc_type is None else _load_partial(self.out)
         if isinstance(exc, CaptureBudgetExceeded):
             exc.capture = self._capture
+        self._recorder = None  # its buffers are the capture's now: a kept Tracker must not hold a second copy
 
     @property
     def capture(self) -> Capture:

@@ -71,3 +71,11 @@ def test_capture_works_on_an_llm_without_tokenizer(zoo, prompt_ids):
     keep_parallel_groups(llm)  # collecting it must not break the module's other engines
     cap = aligntools.capture(llm, prompt_ids, sites="L*.resid_post,logprobs", progress=False)
     assert cap.dataset["logprobs"].shape[0] == prompt_ids.numel()
+
+
+def test_dropping_a_vllm_capture_frees_it_at_once(vllm_llm, prompt_ids):
+    """No reference cycle through the adapter's patched vLLM methods keeps a capture alive."""
+    from tests.aligntools.tracker.test_memory_release import aligntools_garbage
+
+    llm = vllm_llm(NAME)
+    assert aligntools_garbage(lambda: aligntools.capture(llm, prompt_ids, progress=False)) == []

@@ -169,3 +169,26 @@ def test_beam_search_is_noticed_and_noted_on_the_capture(llama, ids):
         warnings.simplefilter("error", UserWarning)  # without logprobs there is nothing to warn about
         with aligntools.Tracker(llama, sites="logits"), torch.no_grad():
             llama.generate(ids, num_beams=3, max_new_tokens=4, do_sample=False, pad_token_id=0)
+
+
+def test_logprobs_of_an_output_narrower_than_the_ids_say_so():
+    """A raw module's output is its ``logits`` site; when it is not vocab-wide, a next-token
+    id falls outside it: a clear error naming the fix, not torch's bare index error."""
+    narrow = torch.nn.Sequential(torch.nn.Embedding(130, 8), torch.nn.Linear(8, 8))
+    ids = torch.tensor([[3, 117, 5]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # raw module paths
+        with pytest.raises(ValueError, match="next-token id 117 is outside the 8 logits"):
+            aligntools.capture(narrow, ids, progress=False)
+        cap = aligntools.capture(narrow, ids, sites="logits,0,1", progress=False)
+    assert cap.sites == ["logits", "0", "1"] and cap.complete
+
+
+def test_a_decode_token_outside_the_logits_say_so():
+    """The same during decode, where the next token arrives a step after its row's logits."""
+    from aligntools.tracker.derived import NextTokenLogprobs
+
+    derive = NextTokenLogprobs()
+    derive.on_logits(torch.tensor([0]), [(0, 4)], torch.randn(1, 8), token_of={})  # next token not known yet
+    with pytest.raises(ValueError, match="next-token id 9 is outside the 8 logits"):
+        derive.on_token((0, 5), 9)
