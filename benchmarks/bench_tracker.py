@@ -27,6 +27,7 @@ shared machine, compare the ratios of one run only.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import statistics
 import time
@@ -72,7 +73,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="glibc: keep freed memory in the process, so no variant pays for page faults on memory "
+                        "the previous one gave back (the Tracker's own work, without the allocator's)")
     args = p.parse_args(argv)
+    if args.keep_freed_memory:
+        print(f"keep freed memory: {keep_freed_memory()}")
 
     import aligntools
     from aligntools.adapters.nnsight_interop import trace_sites
@@ -147,6 +153,24 @@ def goal_lines(ratios: dict[str, float], paired: dict[str, tuple[float, float, f
         lines.append(f"goal {name}: {r:.2f}x <= {bound:.2f}x {'met' if r <= bound else 'NOT met'}; {vs_peer}; "
                      f"paired {mid:.2f}x, middle half {lo:.2f}-{hi:.2f}x")
     return lines
+
+
+def keep_freed_memory() -> str:
+    """Tell glibc to keep freed heap memory (no trimming, no mmap below 32 MiB); what it did.
+
+    Why an option: a capture in tensor mode holds the forward's activations, ~52 MB at hidden
+    512, and glibc gives them back to the OS when the capture is dropped; the next variant's
+    forward then faults fresh pages in, ~3 us each on this VM (13-18 thousand per capture),
+    which lands on whichever variant runs next. Kept in the process, the memory is reused
+    as a long-running job would reuse it.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except AttributeError:
+        return "not glibc: unchanged"
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    ok = mallopt(m_trim_threshold, 1 << 30) == 1 and mallopt(m_mmap_threshold, 32 << 20) == 1
+    return "trim threshold 1 GiB, mmap threshold 32 MiB" if ok else "mallopt refused: unchanged"
 
 
 def _load() -> str:

@@ -56,3 +56,13 @@ def test_overhead_script_reports_every_variant_and_the_goals(capsys):
     assert ratios["plain forward"] == 1.0 and set(bench_tracker.GOALS) <= set(ratios)
     goals = [line for line in capsys.readouterr().out.splitlines() if line.startswith("goal ")]
     assert len(goals) == len(bench_tracker.GOALS) and all("nnsight" in line for line in goals)
+
+
+def test_keep_freed_memory_sets_glibcs_thresholds_in_its_own_process():
+    """In a subprocess: the setting would otherwise stay with the test session's process."""
+    import subprocess
+
+    code = "import bench_tracker; print(bench_tracker.keep_freed_memory())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() in ("trim threshold 1 GiB, mmap threshold 32 MiB", "not glibc: unchanged")
