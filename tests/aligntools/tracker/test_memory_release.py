@@ -66,3 +66,11 @@ def test_dropping_a_minirl_or_module_path_capture_frees_it_at_once(zoo, ids):
     raw = nn.Sequential(nn.Embedding(130, 8), nn.Linear(8, 130))  # its output: logits over 130 ids
     with pytest.warns(UserWarning, match="no recognisable decoder layers"):
         assert aligntools_garbage(lambda: aligntools.capture(raw, ids, progress=False)) == []
+
+
+def test_compare_and_a_streamed_capture_leave_nothing_behind(hf_model, ids, tmp_path):
+    model = hf_model("tiny-qwen3-moe")
+    a, b = (aligntools.capture(model, ids, progress=False) for _ in range(2))
+    assert aligntools_garbage(lambda: aligntools.compare(a, b)) == []
+    assert aligntools_garbage(lambda: aligntools.capture(model, ids, out=tmp_path / "c.zarr", progress=False)) == []
+    assert aligntools_garbage(lambda: aligntools.compare(tmp_path / "c.zarr", a)) == []
