@@ -49,8 +49,9 @@ class NextTokenLogprobs:
                   log_s: torch.Tensor, token_of: dict[Key, int]) -> torch.Tensor:
         """log p(next token) = (x[t] - top) - log_s [n] of logits ``x`` [n, V], NaN where the
         next token is not known yet (its row's log-softmax is kept until it is)."""
-        targets = torch.tensor([token_of.get((r, p_ + 1), -1) for r, p_ in keys], dtype=torch.long)  # [n]
-        _check_width(int(targets.max()) if len(targets) else -1, x.shape[1])
+        nxt = [token_of.get((r, p_ + 1), -1) for r, p_ in keys]
+        _check_width(max(nxt, default=-1), x.shape[1])
+        targets = torch.tensor(nxt, dtype=torch.long)  # [n]
         known = targets >= 0
         picked = (x.gather(1, targets.clamp(min=0)[:, None].to(x.device)).float() - top) - log_s  # [n, 1]
         for i in torch.nonzero(~known)[:, 0].tolist():

@@ -123,10 +123,10 @@ def assemble(data_vars: dict[str, xr.Variable], coords: dict[str, xr.Variable], 
     coordinate's, which the constructor still builds from the coords that are their own dim).
     """
     indexed = {n: v for n, v in coords.items() if v.dims == (n,)}
-    frame = xr.Dataset(coords=indexed)  # [stat]: its index
-    variables = {**data_vars, **coords, **frame.variables}
+    frame = xr.Dataset(coords=indexed) if indexed else None  # [stat]: its index (~80 us even when empty)
+    variables = {**data_vars, **coords, **(frame.variables if frame is not None else {})}
     return xr.Dataset._construct_direct(variables, set(coords), dims=None, attrs=dict(attrs),
-                                        indexes=dict(frame.xindexes))
+                                        indexes=dict(frame.xindexes) if frame is not None else {})
 
 
 def _variable(spec: VarSpec, values: np.ndarray) -> xr.Variable:
