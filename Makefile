@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_kernels.py
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_tracker.py --hidden 1024
+	$(PY) benchmarks/bench_row_hash.py
 	$(PY) benchmarks/bench_compare.py
 	$(PIP) -c requirements.txt -r requirements-bench.txt
 	$(PY) benchmarks/bench_trl.py

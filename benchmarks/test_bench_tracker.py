@@ -66,3 +66,13 @@ def test_keep_freed_memory_sets_glibcs_thresholds_in_its_own_process():
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() in ("trim threshold 1 GiB, mmap threshold 32 MiB", "not glibc: unchanged")
+
+
+def test_row_hash_script_times_every_variant_against_the_baseline(capsys):
+    """benchmarks/bench_row_hash.py end to end on small rows: the four variants per width, each
+    printed as a ratio to the int8 GEMM baseline of the same run."""
+    import bench_row_hash
+
+    medians = bench_row_hash.main(["--rows", "8", "--widths", "5", "64", "--repeats", "2"])
+    assert set(medians) == {5, 64} and all(len(m) == 4 and min(m.values()) > 0 for m in medians.values())
+    assert capsys.readouterr().out.count("x the baseline") == 8

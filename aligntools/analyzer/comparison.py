@@ -40,6 +40,7 @@ from aligntools.analyzer.sweep import Rows, check_max_memory, disk_budget
 from aligntools.analyzer.token_align import Alignment, next_token_ids
 from aligntools.analyzer.token_align import align as align_tokens
 from aligntools.analyzer.tolerance import Tolerance, coarser
+from aligntools.tracker import row_hash
 from aligntools.tracker.stats import STAT_NAMES, row_stats
 
 GATED_BASES = ("tensor", "stats")
@@ -178,7 +179,11 @@ class Comparison(SiteVerdict):
         for side, only in ((self.labels[0], self.only_a), (self.labels[1], self.only_b)):
             if only:
                 out.append(f"only in {side} (not compared): {', '.join(only)}")
-        notes = [f"{s}: {r.note}" for s, r in self.results.items() if r.note]
+        by_note: dict[str, list[str]] = {}  # one line per note, however many sites share it
+        for s, r in self.results.items():
+            if r.note:
+                by_note.setdefault(r.note, []).append(s)
+        notes = [f"{_site_list(sites)}: {note}" for note, sites in by_note.items()]
         for side, x in ((self.labels[0], "a"), (self.labels[1], "b")):
             blown = {s: int(r.summary.get("nan_rows_" + x, 0)) for s, r in self.results.items()}
             miss = {s: int(n) - blown.get(s, 0) for s, n in self.table["missing_" + x].items() if n > 0}
@@ -304,6 +309,28 @@ def _stats(v: xr.DataArray, idx: np.ndarray | None, max_memory: int | None) -> n
     return np.concatenate([row_stats(torch.from_numpy(np.ascontiguousarray(x))).numpy() for x in blocks])
 
 
+def _site_list(sites: list[str], shown: int = 4) -> str:
+    """``a, b`` or ``a, b, c, d, ... (40 sites)``: a note shared by every site stays one line."""
+    more = f", ... ({len(sites)} sites)" if len(sites) > shown else ""
+    return ", ".join(sites[:shown]) + more
+
+
+def _hash_scheme(ds: xr.Dataset, v: xr.DataArray) -> str:
+    """The row hash scheme of a site's ``hash`` stats: the capture's ``row_hash`` attr for a
+    stats-mode site ("" when written before captures recorded it), this aligntools' own for a
+    tensor-mode site (``_stats`` hashes its rows now)."""
+    return str(ds.attrs.get("row_hash", "")) if "stat" in v.dims else row_hash.SCHEME
+
+
+def _hash_note(scheme_a: str, scheme_b: str) -> str:
+    """Why ``exact`` is unknown, or "" when both sides hashed their rows the same way."""
+    if scheme_a == scheme_b:
+        return ""
+    named = [s or "unrecorded (an older aligntools)" for s in (scheme_a, scheme_b)]
+    return (f"exact unknown: the captures hash their rows differently (a: {named[0]}, b: {named[1]}); "
+            "the bounds still hold. For bit-equality, capture both sides with the same aligntools")
+
+
 def _site_base(site: str, a: xr.Dataset, b: xr.Dataset) -> dict[str, str]:
     return {"site": site, "dtype_a": _dtype(a, site), "dtype_b": _dtype(b, site)}
 
@@ -316,12 +343,15 @@ def _small_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
     base = _site_base(site, a, b)
     if "stat" in va.dims or "stat" in vb.dims:
         rows = stats_rows(_stats(va, al.idx_a, max_memory), _stats(vb, al.idx_b, max_memory))
+        note = _hash_note(_hash_scheme(a, va), _hash_scheme(b, vb))
+        if note:
+            rows["exact"] = np.full_like(rows["exact"], np.nan)  # unknown, not "different"
         if S.parse(site).kind == "topk_ids":  # stats of expert ids: only equality means something
             return SiteResult(basis="ids", rows={"exact": rows["exact"]},
-                              summary={"exact": float(rows["exact"].mean())}, **base)
+                              summary={"exact": float(rows["exact"].mean())}, note=note, **base)
         summary = stats_summary(rows)  # keeps missing_a/_b in rows where some row is missing
         summary.update(nan_rows(site, a, b, al, rows))
-        return SiteResult(basis="stats", rows=rows, summary=summary, **base)
+        return SiteResult(basis="stats", rows=rows, summary=summary, note=note, **base)
     ints = [np.issubdtype(v.dtype, np.integer) for v in (va, vb)]
     if va.shape[1:] != vb.shape[1:] or ints[0] != ints[1]:
         return SiteResult(basis="skipped", note=f"not comparable: {va.dtype}{va.shape[1:]} vs "

@@ -9,12 +9,11 @@ Why it is written the way it is: stats mode runs on every site of every forward,
 cost is the Tracker's overhead, and that cost is per pass over the tensor and per torch
 call (on CPU a parallel call can wait for a worker thread). So the work is split in two.
 ``reduce_rows`` reads the tensor, in the hook while it exists, in a handful of calls:
-min/max and both float64 sums in one compiled pass that replays torch's summation order
-(``row_kernel``; elsewhere min/max in float32 and one float64 copy per cache-sized row
-block feeding both sums), and the hash as an exact int8 matrix product. ``finish_rows``
-does the per-row arithmetic on what was read (amax, the hash's modular fold, the stat
-columns) once per flush, for every site in one batch of calls. ``row_stats`` is both, for
-one tensor.
+min/max, both float64 sums and the row hash in one compiled pass that replays torch's
+summation order (``row_kernel``; elsewhere min/max in float32, one float64 copy per
+cache-sized row block feeding both sums, and ``row_hash``'s own kernel). ``finish_rows``
+does the per-row arithmetic on what was read (amax, the stat columns) once per flush, for
+every site in one batch of calls. ``row_stats`` is both, for one tensor.
 """
 
 from __future__ import annotations
@@ -26,17 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
-from aligntools.tracker import fold_kernel, row_kernel
+from aligntools.tracker import row_kernel
+from aligntools.tracker.row_hash import keys, row_hash
 
 STAT_NAMES: tuple[str, ...] = ("min", "max", "mean", "l2", "amax", "n_nan", "n_inf", "hash")
 
 _BLOCK = 1 << 18  # elements per float64-summed block on CPU (a 2 MiB temporary)
 _LONE_ROW = 1 << 15  # torch's GRAIN_SIZE: a lone row this long is reduced by several threads
-_LANES = 8  # int32 lane sums per row folded into the hash
-_CHUNK = 1 << 17  # bytes per product: 2**17 terms of |byte * weight| <= 128 * 127 stay below 2**31
-_P1, _P2 = 2_147_483_647, 2_097_143  # primes below 2**31 and 2**21: 31 + 21 = 52 hash bits
-_weights_cache: dict[tuple[int, int, torch.device], torch.Tensor] = {}
-_FOLD = torch.randint(1, _P2, (2, _LANES), generator=torch.Generator().manual_seed(0xF01D))  # [2, lanes]
 
 
 @dataclass(frozen=True)
@@ -47,7 +42,7 @@ class RowReduction:
     mx: torch.Tensor  # [N]
     mean: torch.Tensor  # [N] float64
     l2: torch.Tensor  # [N] float64
-    lanes: torch.Tensor  # [N, lanes] int32/int64: the hash's exact lane sums
+    hash: torch.Tensor  # [N] float64 (CPU): ``row_hash`` of each row
     masked: torch.Tensor | None = None  # [N, 3] float64 (amax, n_nan, n_inf) when some entry is NaN/inf
 
     def __len__(self) -> int:
@@ -73,9 +68,10 @@ def reduce_rows(x: torch.Tensor) -> RowReduction:
     # contiguous: torch sums a strided row in another order, and the stats must be those of
     # the same values captured in tensor mode (stored C-contiguous), to the last bit
     flt = (rows if rows.dtype == torch.float32 else rows.to(torch.float32)).contiguous()
-    lanes = hash_lanes(flt if rows.is_floating_point() else rows.to(torch.int64))
-    if _compiled_applies(flt):  # the same bits in one pass (row_kernel)
-        (mn, mx, total, l2), flags = row_kernel.row_sums(flt)
+    if _compiled_applies(flt):  # the same bits in one pass, hash included (row_kernel)
+        (mn, mx, total, l2, hashes), flags = row_kernel.row_sums(flt, keys(flt.shape[1]))
+        if not rows.is_floating_point():  # integer ids are hashed as int64, not as float32
+            hashes = row_hash(rows.to(torch.int64))
         if flags & row_kernel.ZERO_MIN_MAX:  # a zero: its sign depends on torch's order
             mn, mx = flt.amin(1), flt.amax(1)
         finite = not flags & row_kernel.NONFINITE_SUM
@@ -83,12 +79,13 @@ def reduce_rows(x: torch.Tensor) -> RowReduction:
         # separate amin/amax: torch.aminmax is ~50x slower on CPU; both refuse empty rows
         mn, mx = (flt.amin(1), flt.amax(1)) if flt.shape[1] else (flt.sum(1),) * 2  # [N] each
         total, l2 = _sum_l2(flt)
+        hashes = row_hash(flt if rows.is_floating_point() else rows.to(torch.int64))
         finite = math.isfinite(total.sum().item())
     # float64 sums of float32 values cannot overflow: a non-finite total means NaN/inf entries
     if finite:
-        return RowReduction(mn, mx, total / flt.shape[1], l2, lanes)
+        return RowReduction(mn, mx, total / flt.shape[1], l2, hashes)
     mn, mx, mean, l2, masked = _masked_stats(flt)
-    return RowReduction(mn, mx, mean, l2, lanes, masked)
+    return RowReduction(mn, mx, mean, l2, hashes, masked)
 
 
 def finish_rows(parts: list[RowReduction]) -> list[torch.Tensor]:
@@ -105,7 +102,7 @@ def finish_rows(parts: list[RowReduction]) -> list[torch.Tensor]:
         if p.masked is not None:  # rows with NaN/inf: summaries of their finite entries
             tail[start:start + len(p)] = p.masked.cpu()
         start += len(p)
-    hashes = _fold(_cat_cpu([p.lanes for p in parts]))  # [sum N]
+    hashes = _cat_cpu([p.hash for p in parts])  # [sum N]
     stats = torch.cat([torch.stack([mn, mx, mean, l2], dim=1), tail, hashes[:, None]], dim=1)  # [sum N, 8]
     return list(stats.split([len(p) for p in parts]))
 
@@ -142,13 +139,14 @@ def _compiled_applies(flt: torch.Tensor) -> bool:
 def _kernel_agrees() -> bool:
     """Once per process: the compiled sums, norms, min and max of awkward rows (widths
     around every lane, step and level boundary, a 1e-30..1e30 range) equal torch's bit for
-    bit; if not (another torch build, another CPU), stats mode keeps torch's path."""
+    bit, and their hashes the standalone kernel's; if not (another torch build, another
+    CPU), stats mode keeps torch's path."""
     g = torch.Generator().manual_seed(0xC0DE)
     for n, d in [(1, 1), (3, 5), (2, 63), (9, 64), (5, 65), (64, 255), (7, 1024 + 3), (3, 4096 * 4 + 17),
                  (2, 32767), (600, 37)]:
         x = torch.randn(n, d, generator=g) * torch.exp(torch.randn(n, d, generator=g) * 8)
-        got, flags = row_kernel.row_sums(x)
-        want = (x.amin(1).double(), x.amax(1).double(), *_sum_l2(x))
+        got, flags = row_kernel.row_sums(x, keys(x.shape[1]))
+        want = (x.amin(1).double(), x.amax(1).double(), *_sum_l2(x), row_hash(x))
         if flags or not all(torch.equal(a.view(torch.int8), b.view(torch.int8)) for a, b in zip(got, want)):
             warnings.warn("stats: the compiled row kernel does not reproduce torch's sums on this build; "
                           "using torch's path (same values, slower)", stacklevel=2)
@@ -171,62 +169,3 @@ def _masked_stats(flt: torch.Tensor) -> tuple[torch.Tensor, ...]:
     amax = torch.maximum(mx.abs(), mn.abs())  # here, on [N]: NaN rows keep the payload they always had
     masked = torch.stack([amax, nan.sum(1).double(), inf.sum(1).double()], dim=1)
     return mn, mx, zeroed.sum(1) / cnt, l2, masked
-
-
-def row_hash(rows: torch.Tensor) -> torch.Tensor:
-    """52-bit content hash of each row's bytes, as float64 [N] (exactly representable).
-
-    ``rows`` [N, D] (float32 or int64) is read as signed bytes (a free view) and multiplied
-    by a fixed pseudo-random int8 matrix [bytes, 8] with no zero entry: 8 exact integer
-    lane sums per row (|sum| < 2**31 per 2**17-byte chunk, so every device and summation
-    order gives the same integers; a change of one byte always changes every lane). The
-    lanes are folded into two random linear combinations modulo the primes below 2**31
-    and 2**21 (31 + 21 bits): rows that differ collide with probability ~2**-52.
-    """
-    return _fold(hash_lanes(rows).cpu())
-
-
-def hash_lanes(rows: torch.Tensor) -> torch.Tensor:
-    """The exact lane sums of ``row_hash``: [N, lanes], int32 when a row is one chunk."""
-    data = rows.contiguous().view(torch.int8)  # [N, B]
-    width = data.shape[1]
-    if 0 < width <= _CHUNK:
-        return _int8_matmul(data, _weights(width, 0, data.device))
-    parts = [_int8_matmul(data[:, lo:lo + _CHUNK], _weights(min(_CHUNK, width - lo), lo, data.device))
-             for lo in range(0, width, _CHUNK)]  # [N, lanes] each
-    return torch.stack(parts).to(torch.int64).sum(0) if parts else data.new_zeros(len(data), _LANES, dtype=torch.int64)
-
-
-def _fold(lanes: torch.Tensor) -> torch.Tensor:
-    """Lane sums [N, lanes] -> the 52-bit hash as float64 [N] (CPU): two random linear
-    combinations of the lanes, modulo ``_P1`` and ``_P2``, side by side in 31 + 21 bits.
-
-    (sum of lane * weight) mod P is the same residue with or without reducing each lane mod
-    P first; lanes of one chunk (|lane| < 2**31) are used as they are, which saves the
-    integer divisions, and only longer rows' lanes are reduced first. Either way every term
-    is below 2**52 and the sum of 8 cannot overflow int64. Compiled (``fold_kernel``).
-    """
-    return fold_kernel.fold(lanes, _FOLD, _P1, _P2)
-
-
-def _int8_matmul(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``a`` [N, K] int8 @ ``w`` [K, L] int8 -> integer [N, L], exact for the chunk bound.
-
-    CPU has an int8 GEMM with int32 accumulation (``torch._int_mm``, exact below 2**31);
-    other devices get the same integers from a float64 product (every partial sum is an
-    integer < 2**53).
-    """
-    if a.device.type == "cpu":
-        return torch._int_mm(a, w)
-    return (a.to(torch.float64) @ w.to(torch.float64)).to(torch.int64)
-
-
-def _weights(width: int, offset: int, device: torch.device) -> torch.Tensor:
-    """Fixed pseudo-random int8 weights in ±[1, 127] for the bytes ``offset..offset+width``."""
-    key = (width, offset, device)
-    if key not in _weights_cache:
-        gen = torch.Generator().manual_seed(0x5EED + offset)
-        mag = torch.randint(1, 128, (width, _LANES), generator=gen)
-        sign = torch.randint(0, 2, (width, _LANES), generator=gen) * 2 - 1
-        _weights_cache[key] = (mag * sign).to(device, torch.int8)
-    return _weights_cache[key]

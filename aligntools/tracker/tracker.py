@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from aligntools.adapters import adapter_for
+from aligntools.tracker import row_hash
 from aligntools.tracker.capture_dataset import Capture
 from aligntools.tracker.journal import open_store, partial_path
 from aligntools.tracker.provenance import library_versions
@@ -123,7 +124,8 @@ class Tracker:
         path = info.get("model_path")  # lets replay() find the weights without being told
         return {"engine": self.adapter.engine, "dtype": info["dtype"], "knobs": json.dumps(info["knobs"]),
                 "versions": json.dumps(library_versions()), "model_hash": info["model_hash"],
-                "sites_requested": ",".join(self.sites), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "row_hash": row_hash.SCHEME, "sites_requested": ",".join(self.sites),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 **({"model_path": str(path)} if path and os.path.isdir(path) else {})}
 
 

@@ -8,6 +8,7 @@ import torch
 import xarray as xr
 
 import aligntools
+from aligntools.tracker import row_hash
 from aligntools.tracker.stats import STAT_NAMES, row_stats
 from tests.aligntools.analyzer.analyzer_synth import make_capture, noise
 
@@ -19,7 +20,8 @@ def to_stats(ds: xr.Dataset) -> xr.Dataset:
         x = torch.from_numpy(np.ascontiguousarray(ds[site].values))
         out[site] = (("token", "stat"), row_stats(x).numpy(), ds[site].attrs)
     return xr.Dataset(out, coords={**{c: ds.coords[c] for c in ("request", "position", "token_id", "step")},
-                                   "stat": list(STAT_NAMES)}, attrs={**ds.attrs, "mode": "stats"})
+                                   "stat": list(STAT_NAMES)},
+                      attrs={**ds.attrs, "mode": "stats", "row_hash": row_hash.SCHEME})
 
 
 def test_disjoint_sites_compare_the_intersection(synth):
@@ -101,3 +103,21 @@ def test_stats_mode_sees_an_error_on_rows_where_the_trusted_side_is_zero():
     cmp = aligntools.compare(to_stats(a), to_stats(b))
     assert cmp.table.loc["L1.mlp_out", "rel_l2"] > 0
     assert "L1.mlp_out" in cmp.failures
+
+
+def test_hashes_of_different_schemes_make_exact_unknown_not_false(synth):
+    """A stats capture written before captures recorded their scheme (no ``row_hash`` attr)
+    against one of today: the bounds are compared, bit-equality is reported unknown."""
+    today = to_stats(synth)
+    older = today.copy()
+    older.attrs = {k: v for k, v in today.attrs.items() if k != "row_hash"}
+    same = aligntools.compare(today, synth)
+    assert same.results["L0.q"].summary["rel_l2"] == 0 and (same.results["L0.q"].rows["exact"] == 1).all()
+    for a, b in ((older, synth), (synth, older), (older, today)):
+        res = aligntools.compare(a, b).results["L0.q"]
+        assert np.isnan(res.rows["exact"]).all() and "hash their rows differently" in res.note
+        assert "unrecorded" in res.note and res.summary["rel_l2"] == 0
+    text = aligntools.compare(older, synth).summary()  # one note line for all the sites it concerns
+    assert text.count("hash their rows differently") == 1 and f"({len(to_stats(synth).data_vars)} sites)" in text
+    both_old = aligntools.compare(older, older).results["L0.q"]  # the same (older) scheme: comparable
+    assert (both_old.rows["exact"] == 1).all() and not both_old.note

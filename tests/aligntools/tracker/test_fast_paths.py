@@ -47,20 +47,6 @@ def test_stats_finished_in_one_batch_equal_row_stats_of_each_tensor():
         assert torch.equal(bits(got), bits(stats.row_stats(x))), tuple(x.shape)
 
 
-def test_hash_fold_skips_the_lane_reduction_only_where_it_cannot_matter():
-    g = torch.Generator().manual_seed(5)
-    lanes = torch.randint(-(1 << 31), 1 << 31, (50, 8), generator=g)  # one chunk's range
-    wide = lanes * 300  # several chunks' range: reduced before the products
-    huge = torch.randint(-(1 << 62), 1 << 62, (50, 8), generator=g)  # very long rows
-    mixed = torch.where(torch.rand(50, 8, generator=g) < 0.5, lanes, huge)  # big and small lanes in a row
-    edges = torch.tensor([[(1 << 31) - 1, -(1 << 31) + 1, 1 << 31, -(1 << 31), 0, 1, -1, (1 << 63) - 1]])
-    for x in (lanes, wide, huge, mixed, edges, lanes.to(torch.int32), lanes[:0]):
-        x64 = x.to(torch.int64)
-        h1 = ((x64 % stats._P1) * stats._FOLD[0]).sum(1) % stats._P1
-        h2 = ((x64 % stats._P2) * stats._FOLD[1]).sum(1) % stats._P2
-        assert torch.equal(stats._fold(x), ((h1 << 21) | h2).double())
-
-
 def test_logsumexp_written_out_is_torch_logsumexp():
     g = torch.Generator().manual_seed(7)
     for shape in [(1, 151_936), (7, 50_257), (33, 1000), (2, 40_000)]:
@@ -214,12 +200,12 @@ def kernel_rows() -> list[torch.Tensor]:
 
 
 def test_compiled_row_kernel_is_torch_bit_for_bit():
-    from aligntools.tracker import row_kernel
+    from aligntools.tracker import row_hash, row_kernel
 
     if not stats._kernel_agrees():
         pytest.skip("this torch build sums in another order: stats mode uses torch's path")
     for x in kernel_rows() + [torch.randn(600, 37), torch.randn(2, 32767) * 1e30]:
-        got, flags = row_kernel.row_sums(x)
+        got, flags = row_kernel.row_sums(x, row_hash.keys(x.shape[1]))
         want = (x.amin(1).double(), x.amax(1).double(), *stats._sum_l2(x))
         for name, a, b in zip(("min", "max", "sum", "l2"), got, want):
             assert torch.equal(bits(a), bits(b)), (name, tuple(x.shape))
@@ -227,17 +213,17 @@ def test_compiled_row_kernel_is_torch_bit_for_bit():
 
 
 def test_compiled_row_kernel_flags_zero_extremes_and_nonfinite_rows():
-    from aligntools.tracker import row_kernel
+    from aligntools.tracker import row_hash, row_kernel
 
     x = torch.randn(4, 37) + 10  # all positive: no zero extreme
-    assert row_kernel.row_sums(x)[1] == 0
+    assert row_kernel.row_sums(x, row_hash.keys(x.shape[1]))[1] == 0
     x[1, 5] = -0.0  # now the min of row 1 is a zero
-    assert row_kernel.row_sums(x)[1] == row_kernel.ZERO_MIN_MAX
+    assert row_kernel.row_sums(x, row_hash.keys(x.shape[1]))[1] == row_kernel.ZERO_MIN_MAX
     x[2, 0] = float("nan")
-    assert row_kernel.row_sums(x)[1] == row_kernel.ZERO_MIN_MAX | row_kernel.NONFINITE_SUM
+    assert row_kernel.row_sums(x, row_hash.keys(x.shape[1]))[1] == row_kernel.ZERO_MIN_MAX | row_kernel.NONFINITE_SUM
     x[1, 5] = 1.0
     x[2, 0] = float("-inf")
-    assert row_kernel.row_sums(x)[1] == row_kernel.NONFINITE_SUM
+    assert row_kernel.row_sums(x, row_hash.keys(x.shape[1]))[1] == row_kernel.NONFINITE_SUM
 
 
 def test_stats_with_and_without_the_compiled_kernel_are_the_same_bytes(monkeypatch):
