@@ -20,24 +20,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from bench_tracker import timed  # interleaved repeats, shared with the Tracker benchmark
 
 from aligntools.tracker import row_hash, row_kernel
-
-
-def timed(variants: dict, repeats: int) -> dict[str, float]:
-    """Median seconds per variant, repeats interleaved so a slow stretch hits all of them."""
-    for f in variants.values():
-        f()  # compile / warm caches
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, f in variants.items():
-            t = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - t)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main(argv: list[str] | None = None) -> dict[int, dict[str, float]]:
@@ -53,12 +40,13 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, float]]:
         data = x.view(torch.int8)  # [rows, 4 * width]
         lanes = torch.randint(-127, 128, (data.shape[1], 8), dtype=torch.int8)
         keys = row_hash.keys(width)
-        medians = timed({
+        times = timed({
             "stats pass (sums + hash)": lambda: row_kernel.row_sums(x, keys),
             "hash alone": lambda: row_hash.row_hash(x),
             "int8 GEMM, 8 lanes (baseline)": lambda: torch._int_mm(data, lanes),
             "read the bytes (roofline)": lambda: x.sum(1),
         }, args.repeats)
+        medians = {name: statistics.median(ts) for name, ts in times.items()}
         base = medians["int8 GEMM, 8 lanes (baseline)"]
         print(f"width {width} ({x.numel() * 4 / 2**20:.1f} MiB)")
         for name, sec in medians.items():
