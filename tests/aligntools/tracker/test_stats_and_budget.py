@@ -62,22 +62,24 @@ def test_row_stats_widen_to_float32_and_skip_non_finite():
     np.testing.assert_array_equal(got[:, 5:7], [[0, 0], [1, 0], [0, 300], [0, 0]])
 
 
-class Blowup(nn.Module):
-    """Not a decoder: raw module paths, with NaN/inf in its output."""
+class RawModel(nn.Module):
+    """Not a decoder (raw module paths): ``proj`` of width ``width`` after an 8-wide ``emb``;
+    with ``blowup``, NaN/inf in its output (token 3 gives inf, negative values NaN)."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 8, blowup: bool = False) -> None:
         super().__init__()
         self.emb = nn.Embedding(16, 8)
-        self.proj = nn.Linear(8, 8)
+        self.proj = nn.Linear(8, width)
+        self.blowup = blowup
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.proj(self.emb(ids))
-        return torch.where(ids[..., None] == 3, torch.full_like(h, float("inf")), h).log()
+        return torch.where(ids[..., None] == 3, torch.full_like(h, float("inf")), h).log() if self.blowup else h
 
 
 def test_unknown_module_falls_back_to_paths_and_counts_nan_inf():
     torch.manual_seed(0)
-    model = Blowup()
+    model = RawModel(blowup=True)
     ids = torch.tensor([[1, 3, 5, 7]])
     with pytest.warns(UserWarning, match="no recognisable decoder layers"):
         cap = aligntools.capture(model, ids, sites="proj,logits", mode="stats")
@@ -88,26 +90,14 @@ def test_unknown_module_falls_back_to_paths_and_counts_nan_inf():
     np.testing.assert_array_equal(st[:, 1], torch.isinf(out).sum(-1).numpy())
 
 
-class TwoWidths(nn.Module):
-    """Raw module paths whose outputs share the dim name ``feature`` at two sizes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(16, 8)
-        self.up = nn.Linear(8, 12)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.up(self.emb(ids))
-
-
 def test_raw_paths_of_other_widths_get_their_own_dim_in_every_capture():
-    model, ids = TwoWidths(), torch.tensor([[1, 3, 5]])
+    model, ids = RawModel(width=12), torch.tensor([[1, 3, 5]])
     for _ in range(2):  # the second capture reuses the cached layouts: same dims
         with pytest.warns(UserWarning, match="no recognisable decoder layers"):
-            ds = aligntools.capture(model, ids, sites="emb,up", progress=False).dataset
+            ds = aligntools.capture(model, ids, sites="emb,proj", progress=False).dataset
         assert ds["emb"].dims == ("token", "feature") and ds.sizes["feature"] == 8
-        assert ds["up"].dims == ("token", "feature.up") and ds.sizes["feature.up"] == 12
-        np.testing.assert_array_equal(ds["up"].values, model(ids)[0].detach().numpy())
+        assert ds["proj"].dims == ("token", "feature.proj") and ds.sizes["feature.proj"] == 12
+        np.testing.assert_array_equal(ds["proj"].values, model(ids)[0].detach().numpy())
 
 
 def test_unknown_site_pattern_lists_available_sites(hf_model):
@@ -117,7 +107,7 @@ def test_unknown_site_pattern_lists_available_sites(hf_model):
 
 def test_bad_input_ids_and_target():
     with pytest.raises(ValueError, match=r"\[batch, seq\]"):
-        aligntools.capture(Blowup(), torch.tensor([1, 2, 3]))
+        aligntools.capture(RawModel(), torch.tensor([1, 2, 3]))
     with pytest.raises(TypeError, match="cannot capture a str"):
         aligntools.Tracker("gpt2")
 
