@@ -75,6 +75,28 @@ def test_next_token_is_the_following_position(synth):
     assert nxt[0] == ids[1] and nxt[7] == -1 and nxt[8] == ids[9]
 
 
+def test_next_token_ids_match_a_dict_lookup_on_repeats_gaps_and_empty_captures():
+    """The sort-based lookup against the definition written as a dict: first row of each
+    (request, position) wins, keys absent from the capture give -1, any request ids."""
+    import pandas as pd
+    import xarray as xr
+
+    from aligntools.analyzer.token_align import Alignment
+
+    rng = np.random.default_rng(7)
+    for n, m in [(0, 5), (5, 0), (0, 0)] + [tuple(rng.integers(1, 40, 2)) for _ in range(200)]:
+        req, pos, ids = rng.integers(-2, 3, n), rng.integers(-1, 6, n), rng.integers(0, 50, n)
+        ds = xr.Dataset(coords={"request": ("token", req), "position": ("token", pos),
+                                "token_id": ("token", ids), "step": ("token", np.zeros(n, np.int64))})
+        asked = pd.DataFrame({"request": rng.integers(-2, 3, m), "position": rng.integers(-2, 6, m)})
+        first: dict[tuple[int, int], int] = {}
+        for key in zip(req.tolist(), pos.tolist(), ids.tolist()):
+            first.setdefault(key[:2], key[2])
+        want = [first.get((r, p + 1), -1) for r, p in zip(asked["request"], asked["position"])]
+        got = next_token_ids(ds, Alignment(None, None, asked, "strict", 0, 0))
+        assert got.dtype == np.int64 and got.tolist() == want
+
+
 def test_unknown_mode_is_rejected(synth):
     with pytest.raises(ValueError, match="unknown align mode"):
         align(synth, synth, "fuzzy")
