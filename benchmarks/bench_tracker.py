@@ -150,7 +150,8 @@ def goal_lines(ratios: dict[str, float], paired: dict[str, tuple[float, float, f
     for name, bound in GOALS.items():
         r, (lo, mid, hi) = ratios[name], paired[name]
         vs_peer = "no peer" if peer is None else f"{'below' if r < peer else 'NOT below'} nnsight {peer:.2f}x"
-        lines.append(f"goal {name}: {r:.2f}x <= {bound:.2f}x {'met' if r <= bound else 'NOT met'}; {vs_peer}; "
+        # three decimals: at two, a ratio of 1.054 read "1.05x <= 1.05x NOT met"
+        lines.append(f"goal {name}: {r:.3f}x <= {bound:.2f}x {'met' if r <= bound else 'NOT met'}; {vs_peer}; "
                      f"paired {mid:.2f}x, middle half {lo:.2f}-{hi:.2f}x")
     return lines
 

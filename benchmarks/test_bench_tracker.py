@@ -76,3 +76,13 @@ def test_row_hash_script_times_every_variant_against_the_baseline(capsys):
     medians = bench_row_hash.main(["--rows", "8", "--widths", "5", "64", "--repeats", "2"])
     assert set(medians) == {5, 64} and all(len(m) == 4 and min(m.values()) > 0 for m in medians.values())
     assert capsys.readouterr().out.count("x the baseline") == 8
+
+
+def test_goal_line_does_not_round_a_miss_into_the_bound():
+    """1.054x against a 1.05x bound is a miss, and the line must show why: at two decimals it
+    read "1.05x <= 1.05x NOT met"."""
+    name = "tracker tensor (all sites)"
+    ratios = {"tracker stats (all sites)": 1.10, name: 1.054, bench_tracker.PEER: 1.07}
+    paired = {k: (1.0, v, 1.1) for k, v in ratios.items()}
+    line = next(ln for ln in bench_tracker.goal_lines(ratios, paired) if name in ln)
+    assert "1.054x <= 1.05x NOT met" in line and "below nnsight 1.07x" in line
