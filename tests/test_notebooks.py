@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import nbformat
 import pytest
 from nbclient.exceptions import CellTimeoutError
@@ -32,3 +34,13 @@ def test_hung_cell_fails_instead_of_hanging(tmp_path):
     nbformat.write(nb, path)
     with pytest.raises(CellTimeoutError):
         run_notebook(path, cell_timeout=3)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_notebook_cells_have_unique_ids(name):
+    """nbformat 4.5 requires a unique id per cell; it still adds missing ones with a warning,
+    and says this "will become a hard error in future nbformat versions". A cell pasted in by
+    hand lacked one (notebook 05)."""
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]  # as stored: nbformat.read adds ids
+    ids = [c.get("id") for c in cells]
+    assert None not in ids and len(set(ids)) == len(ids), f"{name}: cells without an id or with repeated ids"
