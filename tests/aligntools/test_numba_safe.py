@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from aligntools.numba_safe import guard
+
+# the scan touches every module attribute, as vLLM's does, deprecated ones (torch.distributed.reduce_op) too
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning")
 
 
 def vllm_style_scan() -> int:

@@ -106,7 +106,7 @@ def test_unknown_site_pattern_lists_available_sites(hf_model):
 
 
 def test_bad_input_ids_and_target():
-    with pytest.raises(ValueError, match=r"\[batch, seq\]"):
+    with pytest.raises(ValueError, match=r"\[batch, seq\]"), pytest.warns(UserWarning, match="raw module paths"):
         aligntools.capture(RawModel(), torch.tensor([1, 2, 3]))
     with pytest.raises(TypeError, match="cannot capture a str"):
         aligntools.Tracker("gpt2")
