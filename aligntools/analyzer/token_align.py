@@ -55,10 +55,33 @@ def token_table(ds: xr.Dataset) -> pd.DataFrame:
     cols = {}
     for name in TOKEN_COORDS:
         if name in ds.coords:
-            cols[name] = np.asarray(ds.coords[name].values, dtype=np.int64)
+            cols[name] = _int_coord(ds, name)
         else:
             cols[name] = np.arange(n) if name == "position" else np.full(n, -1 if name == "token_id" else 0)
     return pd.DataFrame(cols)
+
+
+def _int_coord(ds: xr.Dataset, name: str) -> np.ndarray:
+    """Token coordinate ``name`` [N] as int64; floats holding whole numbers are accepted (a
+    capture round-tripped through a tool that widened them). Anything else is refused by
+    name: cast blindly, a NaN position became -2**63 and surfaced as a token "only in b", and a
+    string request failed with numpy's "invalid literal for int()", naming neither."""
+    v = np.asarray(ds.coords[name].values)
+    if v.dtype.kind == "i":
+        return v.astype(np.int64, copy=False)
+    ok = None  # per row: a whole number int64 holds; None for other dtypes (strings, bools, ...)
+    if v.dtype.kind == "u":
+        ok = v <= np.iinfo(np.int64).max
+    elif v.dtype.kind == "f":
+        ok = np.isfinite(v) & (v == np.round(v)) & (np.abs(v) < 2.0 ** 63)
+    if ok is not None and ok.all():
+        return v.astype(np.int64)
+    where = "" if ok is None else f" ({v[~ok][0].item()!r} at row {int(np.flatnonzero(~ok)[0])})"
+    source = ds.encoding.get("source")
+    raise ValueError(f"token coordinate {name!r}{f' of {source}' if source else ''} must hold integers, but it "
+                     f"is {v.dtype}{where}: the capture's "
+                     f"token coordinates are damaged or were written by another tool; set them to integers "
+                     f"(ds.assign_coords({name}=(\"token\", ...))) or capture again")
 
 
 def align(a: xr.Dataset, b: xr.Dataset, mode: str = "strict") -> Alignment:

@@ -5,7 +5,9 @@
 - stats mode dropped rows missing on one side silently, where tensor mode fails;
 - tokens left out by the alignment and partial captures were not in the report;
 - bare errors: token ids beyond the logits, a zero-width site, a bad ``max_memory``;
-- rows of a reordered zarr capture were gathered in one selection: ~3x ``max_memory``.
+- rows of a reordered zarr capture were gathered in one selection: ~3x ``max_memory``;
+- token coordinates that are not integers: a NaN position became -2**63 and a string request
+  failed inside numpy, naming neither the coordinate nor the capture.
 """
 
 from __future__ import annotations
@@ -219,6 +221,33 @@ def test_token_id_beyond_the_logits_width_is_a_clear_error(tmp_path, capsys):
         aligntools.compare(a, a)
     path = str(Capture(a).save(tmp_path / "oob.zarr"))
     assert mlab(["diff", path, path]) == 2 and "outside the logits width 32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("coord, values, says", [
+    ("position", lambda p: np.where(np.arange(len(p)) == 3, np.nan, p), r"'position' .* float64 \(nan at row 3\)"),
+    ("position", lambda p: p + 0.5, r"'position' .* float64 \(0.5 at row 0\)"),
+    ("request", lambda r: np.array(["x"] * len(r)), r"'request' .* <U1"),
+    ("token_id", lambda t: np.full(len(t), 2.0 ** 64), r"'token_id' .* \(1.8446\d*e\+19 at row 0\)"),
+])
+@pytest.mark.filterwarnings("ignore:The data type .* does not have a Zarr V3 specification")  # the string case
+def test_token_coordinates_that_are_not_integers_are_named(coord, values, says, tmp_path, capsys):
+    a = make_capture(seed=0)
+    bad = a.assign_coords({coord: ("token", values(a[coord].values))})
+    with pytest.raises(ValueError, match=says + ".*set them to integers"):
+        aligntools.compare(a, bad)
+    path = str(Capture(bad).save(tmp_path / "bad.zarr"))
+    assert mlab(["diff", str(Capture(a).save(tmp_path / "a.zarr")), path]) == 2
+    assert f"'{coord}' of {path}" in capsys.readouterr().err  # names the file
+
+
+def test_token_coordinates_stored_as_whole_floats_or_unsigned_still_align():
+    """A capture whose coordinates another tool widened to float64 (or made unsigned) holds
+    the same tokens: it compares equal to the original."""
+    a = make_capture(seed=0)
+    widened = a.assign_coords(position=("token", a["position"].values.astype(np.float64)),
+                              request=("token", a["request"].values.astype(np.uint32)))
+    cmp = aligntools.compare(a, widened)
+    assert cmp.passes and len(cmp.alignment) == a.sizes["token"] and cmp.table["rel_l2"].max() == 0
 
 
 def test_zero_width_site_is_skipped_with_a_note():
