@@ -174,6 +174,9 @@ def _checked_ids(input_ids: object, vocab: int | None) -> torch.Tensor:
     if ids.dim() != 2 or ids.numel() == 0 or ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise ValueError(f"input_ids must be a non-empty integer tensor [batch, seq]; got {tuple(ids.shape)} "
                          f"{ids.dtype}")
+    if ids.is_meta:
+        raise ValueError("input_ids are on the meta device, which holds shapes but no values; give real token "
+                         "ids (a CPU or accelerator tensor)")
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or (vocab is not None and hi >= vocab):
         raise ValueError(f"input_ids must lie in [0, {vocab if vocab is not None else 'vocab'}) for this model; "

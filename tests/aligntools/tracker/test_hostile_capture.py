@@ -49,6 +49,12 @@ def test_a_bad_option_or_id_keeps_the_journal_of_an_earlier_interrupted_run(llam
         assert Capture.load(partial_path(out)).dataset.sizes["token"] == before == 3
 
 
+def test_input_ids_on_the_meta_device_are_refused_by_name(llama):
+    """Before: torch's "Tensor.item() cannot be called on meta tensors" from the range check."""
+    with pytest.raises(ValueError, match="meta device, which holds shapes but no values"):
+        aligntools.capture(llama, torch.empty(2, 8, dtype=torch.long, device="meta"), sites="logits")
+
+
 def test_token_ids_of_any_integer_dtype_are_captured_alike(llama, ids):
     want = aligntools.capture(llama, ids, sites="logits")["logits"].values
     for dtype in (torch.uint8, torch.int16, torch.int32):
