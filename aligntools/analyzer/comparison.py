@@ -15,6 +15,7 @@ same per-token metrics, so notebooks can ask for any of them (figures: ``alignto
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import warnings
 from contextlib import ExitStack
@@ -36,7 +37,7 @@ from aligntools.analyzer.divergence import GROWTH_THRESHOLD, Divergence, first_d
 from aligntools.analyzer.nan_rows import gated_error, nan_rows
 from aligntools.analyzer.routing_diff import routing_diff, topk_rows
 from aligntools.analyzer.stats_metrics import stats_rows, stats_summary
-from aligntools.analyzer.sweep import Rows, check_max_memory, disk_budget
+from aligntools.analyzer.sweep import Rows, check_max_memory, check_workers, disk_budget
 from aligntools.analyzer.token_align import Alignment, next_token_ids
 from aligntools.analyzer.token_align import align as align_tokens
 from aligntools.analyzer.tolerance import Tolerance, coarser
@@ -429,6 +430,21 @@ def _with_reference(results: dict[str, SiteResult], tol: Tolerance,
     return results, tol.with_noise_floor(floors)
 
 
+def _check_threshold(threshold: object) -> None:
+    """A growth factor that means something: a NaN made every jump test False (no first
+    divergence, ever), and a factor at or below 1 calls a site whose error did not grow a jump."""
+    ok = isinstance(threshold, numbers.Real) and not isinstance(threshold, (bool, np.bool_))
+    if not ok or not math.isfinite(threshold) or threshold <= 1:
+        raise ValueError(f"threshold must be a finite growth factor above 1 (a site diverges where its error "
+                         f"exceeds threshold x its inputs' error; default {GROWTH_THRESHOLD}); got {threshold!r}")
+
+
+def _check_labels(labels: object) -> None:
+    """Two names, one per side (a one-name tuple failed with an IndexError in the report)."""
+    if not (isinstance(labels, (tuple, list)) and len(labels) == 2 and all(isinstance(x, str) for x in labels)):
+        raise ValueError(f"labels must be two strings, one per capture, e.g. ('hf', 'vllm'); got {labels!r}")
+
+
 def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | None = None,
             align: str = "strict", tolerance: Tolerance | str | Path | None = None,
             threshold: float = GROWTH_THRESHOLD, workers: int | None = None,
@@ -442,8 +458,9 @@ def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | N
     the per-dtype default floors apply.
     sites: glob pattern(s) restricting the compared sites. align: token alignment mode
     (``aligntools.analyzer.token_align``). tolerance: a Tolerance or a JSON file path. threshold:
-    growth factor for first divergence. workers: threads for the metric kernels (default:
-    every core; the numbers do not depend on it).
+    growth factor for first divergence, finite and above 1. workers: threads for the metric
+    kernels, a positive whole number (default: every core; the numbers do not depend on it).
+    labels: the two sides' names in reports.
     allow_different_models: compare captures whose ``model_hash`` differs (e.g. quantized vs
     original weights); by default that raises ``DifferentModelsError``, since activations of
     two different models disagree for reasons no tolerance describes.
@@ -455,7 +472,9 @@ def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | N
     in place. progress: a tqdm bar on stderr over the bytes compared (default: shown when
     reading from disk to a terminal).
     """
-    max_memory = check_max_memory(max_memory)
+    max_memory, workers = check_max_memory(max_memory), check_workers(workers)
+    _check_threshold(threshold)
+    _check_labels(labels)
     with ExitStack() as opened:
         ds_a, ds_b = _open(a, opened), _open(b, opened)
         ds_ref = None if reference is None else _open(reference, opened)

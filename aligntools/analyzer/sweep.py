@@ -220,6 +220,18 @@ def check_max_memory(max_memory: object) -> int | None:
     return int(max_memory)
 
 
+def check_workers(workers: object) -> int | None:
+    """``workers`` as a whole number of threads (None stays None: every core), or a
+    ``ValueError`` saying what it must be. Why checked: 0 fell back to every core, a negative
+    count to one thread and 2.5 to two, silently, and "2" failed inside ``min``."""
+    if workers is None:
+        return None
+    if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, numbers.Integral) or workers < 1:
+        raise ValueError(f"workers must be a positive whole number of threads (e.g. 2), or None for every core "
+                         f"this process may use; got {workers!r}")
+    return int(workers)
+
+
 def disk_budget(max_memory: int | None) -> int:
     """Bytes of rows read from disk that may be in memory at once: half of ``max_memory``
     (default ``DEFAULT_MAX_MEMORY``; checked by ``check_max_memory``); the other half is
@@ -230,7 +242,7 @@ def disk_budget(max_memory: int | None) -> int:
 def workers_available(workers: int | None) -> int:
     """``workers`` (default: every core this process may run on), at most that many."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(workers or cores, cores))
+    return min(check_workers(workers) or cores, cores)
 
 
 def run(jobs: list[Job], workspace: Callable[[], Any], chunk_elems: int, workers: int | None = None,

@@ -6,6 +6,8 @@
 - tokens left out by the alignment and partial captures were not in the report;
 - bare errors: token ids beyond the logits, a zero-width site, a bad ``max_memory``;
 - rows of a reordered zarr capture were gathered in one selection: ~3x ``max_memory``;
+- ``workers``, ``threshold`` and ``labels`` were taken as given: 0 workers meant every core, a NaN
+  threshold hid every divergence, one label failed with an IndexError;
 - token coordinates that are not integers: a NaN position became -2**63 and a string request
   failed inside numpy, naming neither the coordinate nor the capture.
 """
@@ -278,6 +280,39 @@ def test_mlab_diff_max_memory_must_be_positive_mib(bad, capsys):
     with pytest.raises(SystemExit) as e:
         mlab(["diff", "a.zarr", "b.zarr", "--max-memory", bad])
     assert e.value.code == 2 and "must be a positive number of MiB" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", [0, -1, 2.5, "2", True])
+def test_workers_must_be_a_positive_whole_number(workers):
+    """0 used to mean every core, -1 one thread and 2.5 two, silently; "2" failed inside min()."""
+    a = make_capture(seed=0)
+    with pytest.raises(ValueError, match=r"workers must be a positive whole number of threads"):
+        aligntools.compare(a, a, workers=workers)
+    with pytest.raises(ValueError, match=r"workers must be a positive whole number of threads"):
+        metrics.row_metrics(a["L0.q"].values, a["L0.q"].values, workers=workers)
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), 1, 0.5, -4, "4", None])
+def test_growth_threshold_must_be_a_finite_factor_above_one(threshold):
+    """A NaN threshold made every jump test False: a planted divergence went unreported."""
+    a = make_capture(seed=0)
+    with pytest.raises(ValueError, match=r"threshold must be a finite growth factor above 1"):
+        aligntools.compare(a, a, threshold=threshold)
+
+
+def test_a_planted_divergence_is_found_at_any_valid_threshold():
+    a = make_capture(seed=0)
+    b = a.copy(deep=True)
+    b["L1.mlp_out"].values[:] *= 1.01
+    for threshold in (1.5, 4, np.float64(10.0)):
+        assert aligntools.compare(a, b, threshold=threshold).first_divergence.site == "L1.mlp_out"
+
+
+@pytest.mark.parametrize("labels", [("x",), ("a", "b", "c"), "ab", ("a", 2), None])
+def test_labels_must_be_two_strings(labels):
+    a = make_capture(seed=0)
+    with pytest.raises(ValueError, match=r"labels must be two strings"):
+        aligntools.compare(a, a, labels=labels)
 
 
 # ---------------------------------------------------------------- 6. reordered rows from a chunked store
