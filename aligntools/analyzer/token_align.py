@@ -125,7 +125,8 @@ def next_token_ids(ds: xr.Dataset, alignment: Alignment) -> np.ndarray:
     (7% of a logits comparison). One stable sort of the capture's keys and the wanted keys
     together puts each wanted key right after the rows that hold it, first row first.
     """
-    have = _key_columns(ds)  # request, position, token_id [n] each
+    t = token_table(ds)
+    have = t["request"].to_numpy(), t["position"].to_numpy(), t["token_id"].to_numpy()  # [n] each
     want_r = alignment.tokens["request"].to_numpy(np.int64)
     want_p = alignment.tokens["position"].to_numpy(np.int64) + 1
     n = len(have[0])
@@ -140,12 +141,6 @@ def next_token_ids(ds: xr.Dataset, alignment: Alignment) -> np.ndarray:
     out = np.empty(len(want_r), np.int64)
     out[order[wanted] - n] = token[wanted]
     return out
-
-
-def _key_columns(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(request, position, token_id) [N] int64 of ``ds``, as ``token_table`` gives them."""
-    t = token_table(ds)
-    return t["request"].to_numpy(), t["position"].to_numpy(), t["token_id"].to_numpy()
 
 
 def _same_layout(ta: pd.DataFrame, tb: pd.DataFrame) -> bool:

@@ -39,7 +39,6 @@ from aligntools.tracker.row_kernel import P1, P2, hash_rows
 
 SCHEME = "nh2-p52"
 SEED = 0x4E48_2026
-_M32 = np.uint64(0xFFFFFFFF)
 _keys_cache: dict[tuple[int, str], object] = {}
 
 
@@ -80,8 +79,8 @@ def keys(width: int, device: torch.device | None = None) -> np.ndarray | torch.T
     if (h, tag) not in _keys_cache:
         z = splitmix64(np.uint64(SEED) + np.arange(2 * h, dtype=np.uint64))  # [2h]
         z0, z1 = z[0::2], z[1::2]
-        k = np.stack([z0 & _M32, z1 & _M32, z0 >> np.uint64(32), z1 >> np.uint64(32)])  # [4, h], each < 2**32
-        _keys_cache[h, tag] = k.astype(np.uint32) if device is None else torch.from_numpy(k.astype(np.int64)).to(device)
+        k = np.stack([z0, z1, z0 >> np.uint64(32), z1 >> np.uint64(32)]).astype(np.uint32)  # [4, h]: low / high halves
+        _keys_cache[h, tag] = k if device is None else torch.from_numpy(k.astype(np.int64)).to(device)
     return _keys_cache[h, tag]
 
 
