@@ -14,9 +14,20 @@ TORCH_INDEX := https://download.pytorch.org/whl/cpu
 # vLLM's CPU build (requirements-vllm.txt) is part of the default environment on Linux x86-64.
 WITH_VLLM := $(shell [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ] && echo 1)
 
-.PHONY: venv demo test test-all lab bench reproduce notebooks clean
+.PHONY: venv debs demo test test-all lab bench reproduce notebooks clean
 
 venv: $(STAMP)
+
+# Debian packages the tests use: bubblewrap (the tool sandbox's OS boundary, docs/sandbox.md) and
+# chromium + its driver (the browser test of the report). Installed where apt-get exists and we are
+# root (CI, fresh boxes); elsewhere the sandbox says what is missing and the browser test skips.
+DEBS := bubblewrap chromium chromium-driver
+debs:
+	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+		if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $$missing; fi; \
+	else echo "make debs: not root or no apt-get; install $(DEBS) yourself"; fi
 
 $(STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 	python3 -m venv .venv
@@ -26,10 +37,10 @@ $(STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 	$(PIP) --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: debs $(STAMP)
 	$(PY) -m labs.demo
 
-test: $(STAMP)
+test: debs $(STAMP)
 	$(PY) -m pytest -m "not slow" -q
 
 test-all: $(STAMP)

@@ -13,7 +13,7 @@ For each row width, in one run with interleaved repeats (medians):
 
 The fused pass's cost of the hash is its time minus the sums' time; the sums alone are not
 timed separately because they only exist fused now (the previous commit's ``row_sums``:
-see docs/tracker.md "The row hash").
+see docs/measurements/tracker-overhead.md "The row hash").
 """
 
 from __future__ import annotations

@@ -42,21 +42,17 @@ def import_graph() -> dict[str, set[str]]:
 
 GRAPH = import_graph()
 
-RULES = [  # (importer prefix, forbidden prefixes)
-    ("kernels", ("aligntools", "minirl", "labs")),
-    ("minirl", ("aligntools", "labs")),
-    ("aligntools", ("labs", "minirl.engine")),  # minirl only through its public names
-    ("aligntools.tracker", ("aligntools.analyzer", "aligntools.replayer", "aligntools.gates", "aligntools.viz",
-                            "aligntools.cli")),
-    ("aligntools.adapters", ("aligntools.analyzer", "aligntools.replayer", "aligntools.gates", "aligntools.viz",
-                             "aligntools.cli")),
-    ("aligntools.analyzer", ("aligntools.viz", "aligntools.replayer", "aligntools.gates", "aligntools.cli",
-                             "aligntools.adapters")),
-    ("aligntools.viz", ("aligntools.gates", "aligntools.replayer", "aligntools.cli")),
-    ("aligntools.sites", ("aligntools.",)),
-    ("minirl.engine.config", ("minirl.engine.archs",)),
-    ("minirl.engine.weight_map", ("minirl.engine.archs",)),
-]
+def documented_rules() -> list[tuple[str, tuple[str, ...]]]:
+    """(importer prefix, forbidden prefixes) from the table in docs/architecture.md: the page is
+    the rule, so the page and the test cannot drift apart."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    table = text.split("## Import rules (enforced)", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    cell = lambda c: tuple(x.strip().strip("`") for x in c.split(","))  # noqa: E731
+    return [(cell(a)[0], cell(b)) for a, b in (row.strip("|").split("|") for row in rows)]
+
+
+RULES = documented_rules()
 
 
 @pytest.mark.parametrize("importer, forbidden", RULES)
@@ -64,6 +60,24 @@ def test_no_import_against_the_layering(importer, forbidden):
     bad = {m: sorted(d for d in deps if d.startswith(forbidden))
            for m, deps in GRAPH.items() if m == importer or m.startswith(importer + ".")}
     assert not {m: d for m, d in bad.items() if d}
+
+
+def test_the_documented_rules_are_read():
+    assert len(RULES) >= 10 and ("minirl", ("aligntools", "labs")) in RULES
+
+
+def test_engine_entry_points_point_from_aligntools_to_minirl():
+    """A ``minirl.engines`` plugin is imported by minirl at run time, so the plugin module may
+    depend on minirl but minirl's own modules must never import it back (the layering rules
+    above apply to it like to any aligntools module)."""
+    import tomllib
+
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["minirl.engines"]
+    for name, target in eps.items():
+        module = target.split(":")[0]
+        assert module in GRAPH, f"entry point {name} -> {module}: no such module"
+        importers = {m for m, deps in GRAPH.items() if module in deps and m.startswith("minirl")}
+        assert not importers, f"minirl imports its own plugin {module}: {importers}"
 
 
 def test_no_import_circles():

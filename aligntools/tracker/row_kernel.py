@@ -237,7 +237,7 @@ def row_sums(flt: torch.Tensor, keys: np.ndarray) -> tuple[torch.Tensor, int]:
     pass itself, and a tensor per output plus a numpy check per answer cost as much again.
     One thread: splitting the rows over two threads (the kernel releases the GIL) was
     measured slower here, the handoff costing more than half a site's pass (and for the
-    logits no faster in place, docs/tracker.md).
+    logits no faster in place, docs/measurements/tracker-overhead.md).
     """
     out = torch.empty(5, len(flt), dtype=torch.float64)
     x = flt.numpy()
