@@ -14,18 +14,23 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool 
     """``A_i = (r_i - mean_group) / (std_group + eps)`` (GRPO, DeepSeekMath §4.1.2), or
     ``r_i - mean_group`` with ``normalize_std=False`` (Dr.GRPO, Liu et al. 2025 §3.1: dividing
     by the std up-weights groups that are nearly all right or all wrong). ``std`` is the
-    unbiased sample std of the group. rewards [N] -> advantages [N] float32."""
+    unbiased sample std of the group. rewards [N] -> advantages [N] float32.
+
+    Computed in float64 after shifting each group by its first member: a group of identical
+    rewards is then exactly 0 (no signal), whereas a float32 mean of 0.7s is not exactly 0.7 and
+    the near-zero std would blow that rounding error up (0.056 for a group of eight 0.7s)."""
     if group_size < 2:
         raise ValueError(f"group_size={group_size}: group-relative advantages need >= 2 samples per "
                          f"prompt (with 1 every advantage is 0); set group_size >= 2")
     if rewards.dim() != 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of "
                          f"{group_size}; pass a flat [n_prompts * group_size] tensor")
-    r = rewards.float().view(-1, group_size)  # [P, G]
-    adv = r - r.mean(-1, keepdim=True)
+    shifted = rewards.double().view(-1, group_size)  # [P, G]
+    shifted = shifted - shifted[:, :1]  # same mean-free values and std, exact zeros for equal rewards
+    adv = shifted - shifted.mean(-1, keepdim=True)
     if normalize_std:
-        adv = adv / (r.std(-1, keepdim=True) + eps)
-    return adv.view(-1)
+        adv = adv / (shifted.std(-1, keepdim=True) + eps)
+    return adv.float().view(-1)
 
 
 def drgrpo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -19,16 +19,19 @@ assigned independent importance sampling rates", citing the 80/20 high-entropy-t
 * "top_fraction" (default): the ceil(ρ·n) highest-entropy tokens of a sequence are singleton
   groups (token-level ratios), the rest form one group (a sequence-level ratio); ρ = 0.2 after the
   80/20 rule. ρ = 1 is token-level PPO, ρ = 0 is GSPO.
-* "quantile": K equal-count entropy bins per sequence (rank·K // n). K = 1 is GSPO, K >= length
-  is token-level PPO.
+* "quantile": K equal-count entropy bins per sequence (rank·min(K, n) // n). K = 1 is GSPO,
+  K >= length is token-level PPO.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
+
+from minirl.losses import MAX_LOG_RATIO
 
 GROUPINGS = ("top_fraction", "quantile")
 
@@ -61,12 +64,25 @@ def entropy_groups(entropy: torch.Tensor, mask: torch.Tensor, cfg: EspoConfig) -
     """entropy, mask [B, T] -> group id per token [B, T] long in [0, T] (padding: 0, unused)."""
     e = entropy.detach().masked_fill(~mask, float("-inf"))  # padding ranks last
     order = e.argsort(dim=1, descending=True, stable=True)  # [B, T] highest entropy first
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(e.shape[1]).expand_as(order))
+    positions = torch.arange(e.shape[1], device=e.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(1, order, positions)  # [B, T] 0 = highest entropy
     n = mask.sum(1, keepdim=True)  # [B, 1] valid tokens
     if cfg.grouping == "quantile":
-        return torch.where(mask, rank * cfg.n_groups // n.clamp(min=1), 0)
-    n_top = torch.ceil(n * cfg.top_fraction).long()  # [B, 1]
+        # K >= n already gives every token its own bin; capping K at n keeps that partition and
+        # keeps ids below n <= T, inside the row's T + 1 slots (rank·K // n would spill past them)
+        k = n.clamp(max=cfg.n_groups)  # [B, 1]
+        return torch.where(mask, rank * k // n.clamp(min=1), 0)
+    n_top = _top_count(n, cfg.top_fraction)  # [B, 1]
     return torch.where(mask & (rank < n_top), rank + 1, 0)  # 0 = the shared low-entropy group
+
+
+def _top_count(n_valid: torch.Tensor, top_fraction: float) -> torch.Tensor:
+    """ceil(ρ·n) per row, exactly: ρ is read as the decimal it was written as (0.3 is 3/10), so
+    ρ = 0.3, n = 50 gives 15. In floating point 0.3·50 can land just above 15 (float32 does) and
+    the ceiling then adds a whole token. n_valid: integer tensor -> same shape, long."""
+    rho = Fraction(str(top_fraction))
+    counts = [math.ceil(rho * n) for n in n_valid.flatten().tolist()]
+    return torch.tensor(counts, dtype=torch.long, device=n_valid.device).view(n_valid.shape)
 
 
 def espo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -84,16 +100,19 @@ def espo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     m = mask.to(logp.dtype)
     adv = advantages[:, None].expand(b, t) if advantages.dim() == 1 else advantages  # [B, T]
     g = t + 1  # group ids per sequence are in [0, T]
-    slot = entropy_groups(entropy, mask, cfg) + torch.arange(b)[:, None] * g  # [B, T] in [0, B*G)
+    row_start = torch.arange(b, device=logp.device)[:, None] * g  # [B, 1]
+    slot = entropy_groups(entropy, mask, cfg) + row_start  # [B, T] in [0, B*G)
     slot = torch.where(mask, slot, b * g)  # padding -> a trash slot
 
     def per_group(x: torch.Tensor) -> torch.Tensor:  # [B, T] -> per-slot sums [B*G + 1]
-        return torch.zeros(b * g + 1, dtype=x.dtype).scatter_add(0, slot.flatten(), (x * m).flatten())
+        sums = torch.zeros(b * g + 1, dtype=x.dtype, device=x.device)
+        return sums.scatter_add(0, slot.flatten(), (x * m).flatten())
 
     count = per_group(torch.ones_like(m))  # [B*G + 1] tokens per group
     log_s = per_group(logp - old_logp) / count.clamp(min=1)  # [B*G + 1] log of Eq. 2
     denom = logp if cfg.token_denominator == "current" else old_logp
-    ratio = torch.exp(log_s[slot].detach() + logp - denom.detach())  # [B, T] Eq. 1
+    log_ratio = log_s[slot].detach() + logp - denom.detach()  # [B, T] log of Eq. 1
+    ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))  # finite in float32 (losses.py)
     if cfg.clip_eps is None:
         eps = (cfg.alpha * per_group(entropy.detach()) / count.clamp(min=1) / math.log(vocab_size))[slot]
     else:

@@ -12,6 +12,11 @@ import torch
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k3")
+MAX_LOG_RATIO = 20.0
+"""|log r| cap before exp, verl's value (core_algos.compute_policy_loss): exp(88.8) is inf in
+float32, and -A·inf, 0·inf or the gradient through it turn the whole batch into NaN."""
+GSPO_MAX_LOG_RATIO = 10.0
+"""Upper cap on GSPO's sequence log-ratio, verl's value (core_algos.compute_policy_loss_gspo)."""
 
 
 def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
@@ -47,7 +52,8 @@ def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip={dual_clip}: must be > 1 (typical 3.0) or None to disable")
     adv = _per_token(advantages, logp)
-    ratio = torch.exp(logp - logp_old.detach())  # [B, T]
+    # log r clamped to ±20 before exp, as verl's compute_policy_loss does (see MAX_LOG_RATIO)
+    ratio = torch.exp(torch.clamp(logp - logp_old.detach(), -MAX_LOG_RATIO, MAX_LOG_RATIO))  # [B, T]
     pg1 = -adv * ratio
     pg2 = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
     pg = torch.maximum(pg1, pg2)
@@ -84,12 +90,14 @@ def gspo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tens
     m = mask.to(logp.dtype)
     log_r = (logp - logp_old.detach()) * m  # [B, T]
     log_s = log_r.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)  # [B, 1]
-    s = torch.exp(log_s.detach() + logp - logp.detach())  # [B, T], value s_i
+    # log s_i capped at 10 before exp, as verl's compute_policy_loss_gspo does (see GSPO_MAX_LOG_RATIO)
+    log_s_tok = log_s.detach() + logp - logp.detach()  # [B, T], value log s_i
+    s = torch.exp(torch.clamp(log_s_tok, max=GSPO_MAX_LOG_RATIO))
     pg = torch.maximum(-adv * s, -adv * s.clamp(1 - eps_low, 1 + eps_high))
     loss_tok = pg if weights is None else pg * weights.detach()
     loss = aggregate(loss_tok, mask, agg)
     seq = mask.bool().any(-1)  # [B] sequences with at least one token
-    s_seq = log_s.detach().exp()[:, 0]
+    s_seq = log_s.detach().clamp(max=GSPO_MAX_LOG_RATIO).exp()[:, 0]
     a_seq = adv[:, 0]  # sequence advantages (GRPO: constant over tokens)
     metrics = {
         "pg_loss": float(loss.detach()),

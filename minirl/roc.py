@@ -14,11 +14,13 @@ is kept: it is the group's only positive signal) and ``G - that`` negatives, whi
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import torch
 
 MODES = ("sample", "lowest")
+_ANSWER_TAG = re.compile(r"</?answer>")
 
 
 def tool_error_ratio(n_tool_calls: int, n_tool_errors: int) -> float:
@@ -29,10 +31,20 @@ def tool_error_ratio(n_tool_calls: int, n_tool_errors: int) -> float:
 
 
 def format_penalty(n_answer_tags: int, n_turns: int) -> float:
-    """rStar2-Agent Eq. 5: 1 with no <answer> tag, else min(1, (tags - 1) / turns) (repetition)."""
+    """rStar2-Agent Eq. 5: 1 with no <answer> tag, else min(1, (tags - 1) / turns) (repetition).
+    n_answer_tags counts closed <answer>...</answer> blocks; from a text use answer_format_penalty."""
     if n_answer_tags < 0 or n_turns < 1:
         raise ValueError(f"n_answer_tags={n_answer_tags} must be >= 0 and n_turns={n_turns} >= 1")
     return 1.0 if n_answer_tags == 0 else min(1.0, (n_answer_tags - 1) / n_turns)
+
+
+def answer_format_penalty(text: str, n_turns: int) -> float:
+    """Eq. 5 on a trajectory's text. Only closed, matched blocks count, as rStar2-Agent's released
+    roc.py checks: an unclosed, nested or closed-before-opened <answer> is a format violation and
+    gets the maximum penalty 1, like no answer at all (counting "<answer>" alone scored it 0)."""
+    tags = _ANSWER_TAG.findall(text)
+    well_formed = tags == ["<answer>", "</answer>"] * (len(tags) // 2)
+    return format_penalty(len(tags) // 2 if well_formed else 0, n_turns)
 
 
 def roc_select(rewards: Sequence[float] | torch.Tensor, penalties: Sequence[float] | torch.Tensor,
