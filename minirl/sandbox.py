@@ -8,38 +8,40 @@ traceback) and ``"timeout"``. ``.text`` is what the model sees inside ``<tool_re
 
 Why these layers (model-written code is hostile until proven otherwise, rStar2-Agent §3):
 
-* a fresh ``python -I -S -u`` in its own temp dir: no site-packages, no user env, stdlib only;
-* ``unshare --net --pid --fork --kill-child`` when the kernel allows it: an empty network
-  namespace (no interface but a down loopback) and a PID namespace whose processes all die with
-  it; otherwise the run is alone in a new session and the whole process group is SIGKILLed;
+* the OS boundary of ``minirl.sandbox_boundary`` (bubblewrap: own mount/PID/network namespaces,
+  read-only system, only the temp dir writable, an unprivileged uid, ``no_new_privs``); where it
+  cannot run, tool code is refused unless ``MLAB_SANDBOX=audit-only`` opts into the weaker mode;
+* a fresh ``python -I -S -u`` in its own temp dir with a minimal environment: stdlib only;
 * rlimits set before the code runs, hard = soft: address space and data = ``memory_mb``, CPU
-  seconds, file size ``MAX_FILE_BYTES``, open files;
-* a ``sys.addaudithook`` hook (hooks cannot be removed) refusing sockets, process creation,
-  signals to other processes, rlimit changes, file writes/mutations outside the temp dir and
-  the modules that reach past the hook (``ctypes``, ``_posixsubprocess``, ...). RLIMIT_NPROC is
-  not used: root ignores it, and fork/exec are refused by the hook and reaped by the namespace.
+  seconds, file size ``MAX_FILE_BYTES``, open files, processes ``MAX_PROCESSES``;
+* a ``sys.addaudithook`` hook refusing sockets, process creation, signals, rlimit changes and
+  writes outside the temp dir. It is a second layer only (its tables are reachable from the code
+  it guards, PEP 578): it turns the common mistakes into clear messages, the kernel does the rest.
 
 The parent reads at most ``CAPTURE_BYTES`` per stream (the rest is drained and counted), so an
-output flood costs neither memory nor a blocked child.
+output flood costs neither memory nor a blocked child; it reads the result file without following
+links or blocking, and removes the temp dir whatever happened.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
+
+from minirl.sandbox_boundary import check_sandbox, make_workdir, python_executable, read_result_file, remove_tree, wrap
 
 OUTCOMES = ("stdout", "no_stdout", "error", "timeout")
 MAX_RESPONSE_CHARS = 2048  # what the model sees; rStar2-Agent gives no number, 2 KiB ~ 600 tokens
 CAPTURE_BYTES = 64 * 1024  # per stream kept by the parent before truncation
 MAX_FILE_BYTES = 16 * 1024 * 1024  # RLIMIT_FSIZE: largest file the code may write in its temp dir
+MAX_PROCESSES = 64  # RLIMIT_NPROC of the sandbox uid: a fork bomb stops here
+MAX_TIMEOUT_S = 3600.0  # one tool call; longer is a stuck rollout, not a computation
+MEMORY_MB_RANGE = (64, 1 << 20)  # the interpreter itself needs ~40 MiB; 1 TiB is past any machine
 
 
 @dataclass(frozen=True)
@@ -56,19 +58,29 @@ class ToolResult:
 
 def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 256) -> ToolResult:
     """Run ``code`` in the sandbox; never raises for anything the code does (a failure of the
-    sandbox itself is an ``"error"`` outcome, so one bad trajectory does not stop a run)."""
+    sandbox itself is an ``"error"`` outcome, so one bad trajectory does not stop a run). Raises
+    ``SandboxUnavailable`` when this machine cannot sandbox at all (every call would fail)."""
     if not isinstance(code, str):
         raise TypeError(f"code must be str, got {type(code).__name__}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s={timeout_s}: must be > 0 seconds")
-    if memory_mb < 64:
-        raise ValueError(f"memory_mb={memory_mb}: the interpreter itself needs ~40 MiB; use >= 64")
+    check_limits(timeout_s, memory_mb)
+    check_sandbox()
     start = time.monotonic()
     try:
         outcome, text = _run(code, timeout_s, memory_mb)
     except Exception as e:  # the machinery failed (e.g. no temp space): the trajectory sees it
         outcome, text = "error", f"SandboxError: {type(e).__name__}: {e}"
     return ToolResult(outcome, truncate(text), time.monotonic() - start)
+
+
+def check_limits(timeout_s: float, memory_mb: int) -> None:
+    """Refuse limits that would disable themselves (``inf``/``nan`` compare false everywhere)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_s={timeout_s!r}: must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]; "
+                         f"e.g. timeout_s=5.0")
+    low, high = MEMORY_MB_RANGE
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or not low <= memory_mb <= high:
+        raise ValueError(f"memory_mb={memory_mb!r}: must be an integer number of MiB in [{low}, {high}] "
+                         f"(the interpreter itself needs ~40 MiB); e.g. memory_mb=256")
 
 
 def truncate(text: str, limit: int = MAX_RESPONSE_CHARS) -> str:
@@ -79,30 +91,17 @@ def truncate(text: str, limit: int = MAX_RESPONSE_CHARS) -> str:
     return f"{text[:head]}\n... [truncated {len(text) - head - tail} characters] ...\n{text[-tail:]}"
 
 
-@functools.lru_cache(maxsize=1)
-def isolation_prefix() -> tuple[str, ...]:
-    """The namespace wrapper this machine allows: root's unshare, an unprivileged user-namespace
-    unshare, or none (then the audit hook alone keeps the network out). Probed once."""
-    for prefix in (("unshare", "--net", "--pid", "--fork", "--kill-child", "--"),
-                   ("unshare", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--")):
-        try:
-            probe = subprocess.run([*prefix, sys.executable, "-I", "-S", "-c", "pass"],
-                                   capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    return ()
-
-
 def _run(code: str, timeout_s: float, memory_mb: int) -> tuple[str, str]:
-    with tempfile.TemporaryDirectory(prefix="minirl-sandbox-") as tmp:
+    tmp = make_workdir()
+    try:
         code_path, display_path = os.path.join(tmp, ".code.py"), os.path.join(tmp, ".display")
         with open(code_path, "w") as f:
             f.write(code)
+        os.chmod(code_path, 0o444)  # the sandbox uid reads it whatever the trainer's umask
         cpu_s = math.ceil(timeout_s) + 1  # backstop only: the wall clock below decides
-        cmd = [*isolation_prefix(), sys.executable, "-I", "-S", "-u", "-c", _BOOT,
-               tmp, code_path, display_path, str(memory_mb << 20), str(cpu_s), str(MAX_FILE_BYTES)]
+        limits = (memory_mb << 20, cpu_s, MAX_FILE_BYTES, MAX_PROCESSES)
+        cmd = wrap([python_executable(), "-I", "-S", "-u", "-c", _BOOT, tmp, code_path, display_path,
+                    *map(str, limits)], tmp)
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LC_ALL": "C.UTF-8"}
         proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
@@ -120,13 +119,25 @@ def _run(code: str, timeout_s: float, memory_mb: int) -> tuple[str, str]:
             return "timeout", f"TimeoutError: execution exceeded {timeout_s:g} s" + (
                 f"\nPartial stdout:\n{stdout}" if stdout else "")
         if proc.returncode != 0:
-            died = (f"Process killed by signal {signal.Signals(-proc.returncode).name}\n"
-                    if proc.returncode < 0 else "")
+            died = f"Process killed by signal {name}\n" if (name := _signal_name(proc.returncode)) else ""
             return "error", (stdout + ("\n" if stdout else "") + died + stderr).rstrip()
         if stdout:
             return "stdout", stdout
-        display = open(display_path).read() if os.path.exists(display_path) else ""
+        display, refused = read_result_file(display_path, CAPTURE_BYTES)
+        if display is None:
+            return "error", f"SandboxError: the result was not read: {refused}"
         return "no_stdout", display or "(no output)"
+    finally:
+        remove_tree(tmp)
+
+
+def _signal_name(returncode: int) -> str:
+    """The signal that ended the code: Popen says -N, bwrap passes a child's death on as 128 + N."""
+    signum = -returncode if returncode < 0 else returncode - 128
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return ""
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -159,13 +170,14 @@ class _Capped(threading.Thread):
         return s + (f"\n... [{self.dropped} more bytes not captured]" if self.dropped else "")
 
 
-# Runs in the child as ``python -c``: argv = tmp, code path, display path, AS bytes, CPU s, FSIZE.
+# Runs in the child as ``python -c``: argv = tmp, code path, display path, AS bytes, CPU s, FSIZE, NPROC.
 _BOOT = r'''
 import ast, linecache, os, resource, sys, traceback
 tmp, code_path, display_path = os.path.realpath(sys.argv[1]), sys.argv[2], sys.argv[3]
-mem, cpu, fsize = (int(a) for a in sys.argv[4:7])
+mem, cpu, fsize, nproc = (int(a) for a in sys.argv[4:8])
 for lim, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_DATA, mem), (resource.RLIMIT_CPU, cpu),
-               (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
+               (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0),
+               (resource.RLIMIT_NPROC, nproc)):
     resource.setrlimit(lim, (v, v))
 src = open(code_path).read()
 BLOCKED_MODULES = {"ctypes", "_ctypes", "_posixsubprocess", "_testcapi", "_testinternalcapi",

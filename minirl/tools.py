@@ -23,27 +23,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minirl import SamplingParams
-from minirl.roc import format_penalty, tool_error_ratio
-from minirl.sandbox import ToolResult, run_python, truncate
+from minirl.roc import answer_format_penalty, tool_error_ratio
+from minirl.sandbox import ToolResult, check_limits, run_python, truncate
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_NAME = "python"  # the one tool; any other name is answered with an error, never run
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
 def parse_tool_call(turn_text: str) -> tuple[str | None, str | None]:
     """The first tool call of a turn -> (code, None), (None, error message), or (None, None)
-    when the turn makes no call."""
+    when the turn makes no call. Never raises: whatever the model wrote, the error is its
+    observation (one bad output must not stop the RL run)."""
     m = _CALL.search(turn_text)
     if m is None:
         return None, None
     try:
         call = json.loads(m.group(1))
-    except json.JSONDecodeError as e:
+    except RecursionError:
+        return None, "Invalid tool call: the JSON inside <tool_call> nests too deeply to parse"
+    except ValueError as e:  # JSONDecodeError, or an integer longer than int() converts
         return None, f"Invalid tool call: the JSON inside <tool_call> does not parse ({e})"
-    code = call.get("arguments", {}).get("code") if isinstance(call, dict) and isinstance(
-        call.get("arguments"), dict) else None
+    arguments = call.get("arguments") if isinstance(call, dict) else None
+    code = arguments.get("code") if isinstance(arguments, dict) else None
     if not isinstance(code, str):
-        return None, 'Invalid tool call: expected {"name": ..., "arguments": {"code": "<python>"}}'
+        return None, f'Invalid tool call: expected {{"name": "{TOOL_NAME}", "arguments": {{"code": "<python>"}}}}'
+    if call.get("name") != TOOL_NAME:
+        return None, f"Invalid tool call: unknown tool {call.get('name')!r}; the only tool is {TOOL_NAME!r}"
     return code, None
 
 
@@ -76,8 +82,8 @@ class ToolTrajectory:
 
     @property
     def p_format(self) -> float:
-        """rStar2-Agent Eq. 5 over the model's <answer> tags."""
-        return format_penalty(self.text.count("<answer>"), max(1, self.n_turns))
+        """rStar2-Agent Eq. 5 over the model's closed, matched <answer> blocks."""
+        return answer_format_penalty(self.text, max(1, self.n_turns))
 
 
 def multi_turn_rollout(engine: Any, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
@@ -88,6 +94,7 @@ def multi_turn_rollout(engine: Any, encode: Callable[[str], list[int]], decode: 
     batched ``generate`` per turn and its tool calls run in parallel (``workers`` sandboxes)."""
     if max_turns < 1:
         raise ValueError(f"max_turns={max_turns}: need at least one model turn")
+    check_limits(timeout_s, memory_mb)
     trajs = [ToolTrajectory(list(p)) for p in prompts]
     turn_params = dataclasses.replace(params, n=1)
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
 from minirl.sandbox import MAX_RESPONSE_CHARS, OUTCOMES, ToolResult, run_python
-
-
-def _proc_cmdlines() -> list[str]:
-    out = []
-    for pid in os.listdir("/proc"):
-        try:
-            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
-        except (OSError, ValueError):
-            pass
-    return out
 
 
 @pytest.mark.parametrize("code, outcome, text", [
@@ -76,25 +65,6 @@ def test_output_flood_is_truncated() -> None:
     assert r.outcome == "stdout" and len(r.text) <= MAX_RESPONSE_CHARS + 100 and "truncated" in r.text
     r = run_python("while True:\n    print('b' * 1000)", timeout_s=1.0)
     assert r.outcome == "timeout" and len(r.text) <= MAX_RESPONSE_CHARS + 100
-
-
-def test_children_do_not_outlive_the_call() -> None:
-    marker = "minirl_sandbox_child_marker_4711"
-    for code in (f"import subprocess\nsubprocess.Popen(['sleep', '30', '{marker}'])",
-                 "import os\nwhile True:\n    os.fork()",
-                 f"import os\nos.system('sleep 30 {marker}')",
-                 "import multiprocessing\nmultiprocessing.Process(target=print).start()",
-                 "import ctypes\nctypes.CDLL(None).fork()"):
-        r = run_python(code, timeout_s=2.0)
-        assert r.outcome == "error", (code, r)
-    assert not any(marker in c for c in _proc_cmdlines())
-
-
-def test_bad_arguments_name_the_fix() -> None:
-    with pytest.raises(ValueError, match="timeout_s"):
-        run_python("1", timeout_s=0)
-    with pytest.raises(ValueError, match="memory_mb"):
-        run_python("1", memory_mb=1)
 
 
 def test_crash_is_an_error_outcome() -> None:

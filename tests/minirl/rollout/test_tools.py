@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+
+import pytest
 
 import torch
 
 from minirl import Rollout, SamplingParams
 from minirl.roc import roc_select
-from minirl.sandbox import MAX_RESPONSE_CHARS
+from minirl.sandbox import MAX_RESPONSE_CHARS, ToolResult
 from minirl.tool_task import reward, sample_problems
 from minirl.tools import multi_turn_rollout, parse_tool_call
 
@@ -80,3 +83,62 @@ def test_multi_turn_rollout_end_to_end() -> None:
     rewards = [reward(p, t.text) for p, t in zip(problems, trajs)] * 2
     kept = roc_select(rewards, penalties, 5, generator=torch.Generator().manual_seed(0), mode="lowest")
     assert sum(rewards[i] for i in kept) == 2 and {0, 5} & set(kept)  # the clean tool trace is kept
+
+
+# One model output each that used to stop the run (issue #26): deep nesting, a 5,000-digit number,
+# a tool that does not exist.
+HOSTILE_CALLS = {
+    "nests too deeply": "<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>",
+    "does not parse": '<tool_call>{"name": "python", "arguments": {"code": "1"}, "n": ' + "9" * 5000 + "}</tool_call>",
+    "unknown tool 'bash'": '<tool_call>{"name": "bash", "arguments": {"code": "print(1)"}}</tool_call>',
+}
+
+
+class FixedModel:
+    """Prompt ``i:`` gets ``texts[i]``; once a tool has answered, a final answer."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+        out = []
+        for p in prompts:
+            ctx = decode(p)
+            ids = encode("<answer>0</answer>" if "<tool_response>" in ctx else self.texts[int(ctx.split(":")[0])])
+            out.append(Rollout(p, ids, torch.zeros(len(ids)), "stop"))
+        return out
+
+
+def test_hostile_tool_calls_are_error_observations_never_run() -> None:
+    for why, text in HOSTILE_CALLS.items():
+        code, error = parse_tool_call(text)
+        assert code is None and error.startswith("Invalid tool call") and why in error, (why, error)
+    ran: list[str] = []
+
+    def spy(code: str, timeout_s: float, memory_mb: int) -> ToolResult:
+        ran.append(code)
+        return ToolResult("stdout", "ran")
+    texts = list(HOSTILE_CALLS.values())
+    trajs = multi_turn_rollout(FixedModel(texts), encode, decode, [encode(f"{i}:") for i in range(len(texts))],
+                               SamplingParams(max_new_tokens=8), max_turns=2, run_tool=spy)
+    assert ran == []
+    for why, t in zip(HOSTILE_CALLS, trajs):
+        assert [r.outcome for r in t.results] == ["error"] and why in t.results[0].text and t.n_turns == 2
+
+
+@pytest.mark.parametrize("kwargs, name", [({"timeout_s": math.inf}, "timeout_s"),
+                                          ({"memory_mb": math.nan}, "memory_mb")])
+def test_rollout_refuses_limits_that_disable_themselves(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=f"{name}=.*: must be"):
+        multi_turn_rollout(FixedModel(["x"]), encode, decode, [encode("0:")], SamplingParams(max_new_tokens=8),
+                           **kwargs)
+
+
+def test_trajectory_format_penalty_requires_a_closed_answer():
+    """An unclosed <answer> is a format violation (rStar2-Agent Eq. 5), in the trajectory the
+    rollout builds, not only in ``roc.answer_format_penalty``."""
+    from minirl.tools import ToolTrajectory
+
+    unclosed = ToolTrajectory(prompt_ids=[1], n_turns=1, text="<answer>3")
+    closed = ToolTrajectory(prompt_ids=[1], n_turns=1, text="<answer>3</answer>")
+    assert (unclosed.p_format, closed.p_format) == (1.0, 0.0)
