@@ -45,8 +45,12 @@ MISMATCH_MODELS = ("tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral")
 
 
 def _zoo_path(name: str) -> Path:
+    """The zoo checkpoint, built if missing. The callers time under ``inference_mode`` /
+    ``no_grad``, but a build trains its model (a backward pass), so it runs with autograd on:
+    under them a fresh ``.zoo`` crashed with "element 0 of tensors does not require grad"."""
     root = Path(os.environ.get("MLAB_ZOO_DIR", REPO / ".zoo"))  # the test suite's zoo cache
-    return zoo.build(name, out=root / f"{name}-seed0")
+    with torch.inference_mode(False), torch.enable_grad():
+        return zoo.build(name, out=root / f"{name}-seed0")
 
 
 def _hf(path: Path, dtype: torch.dtype) -> torch.nn.Module:

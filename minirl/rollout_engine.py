@@ -32,13 +32,29 @@ def parse_knobs(spec: str) -> Knobs:
     name, _, preset = head.partition(":")
     if name != "minirl":
         raise ValueError(f"engine spec {spec!r} is not a minirl spec: 'minirl[:PRESET][,knob=value...]'")
-    changes: dict[str, object] = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
+        if "=" not in pair:
             raise ValueError(f"engine spec {spec!r}: {pair!r} is not knob=value")
-        changes[key.strip()] = Knobs.parse_value(key.strip(), value.strip())  # the one knob parser
+    options = spec_options(spec, pairs)
+    changes = {key: Knobs.parse_value(key, value) for key, value in options.items()}  # the one knob parser
     return Knobs.preset(preset or "typical").replace(**changes).validate()
+
+
+def spec_options(spec: str, items: list[str]) -> dict[str, str]:
+    """``["tp=2", "rmsnorm = hf"]`` -> ``{"tp": "2", "rmsnorm": "hf"}``: the ``key=value`` items
+    of an engine spec (each already checked to hold a ``=``), keys and values stripped.
+
+    Every engine-spec parser reads its options here so that a repeated key is refused alike
+    everywhere: in a dict the last one would win without a word (``tp=2,tp=4`` ran tp=4)."""
+    pairs = [(key.strip(), value.strip()) for key, _, value in (item.partition("=") for item in items)]
+    out: dict[str, str] = {}
+    for key, value in pairs:
+        if key in out:
+            given = ",".join(f"{k}={v}" for k, v in pairs if k == key)
+            raise ValueError(f"engine spec {spec!r} sets option {key!r} more than once ({given}); give each "
+                             f"option once")
+        out[key] = value
+    return out
 
 
 def make_engine(spec: str, model_path: str | os.PathLike, dtype: str) -> RolloutEngine:

@@ -12,7 +12,12 @@ Invariants (tested): each (sample, column) is written once; each consumer reads 
 once (unless it hands it back with ``give_back``, e.g. its worker died); at most ``capacity``
 samples are in flight (backpressure: ``admit`` blocks). A sample that is not complete
 ``timeout_s`` after admission is dropped and reported in ``stats()["timed_out"]``; the run
-goes on without it.
+goes on without it. A sample is retired (its data freed) when the last consumer reads it, so
+a ``give_back`` after that cannot serve it again: it is reported in ``stats()["lost"]``
+(index -> the consumer that gave it back), never dropped without a word.
+
+Every argument is checked where it enters (a count of 0 or a NaN wait used to block forever,
+a misspelt column to return ``[]`` after the timeout).
 
 ``LocalTransferQueue`` is the in-process implementation (threads); ``minirl.ray_queue`` puts
 the same ``Controller`` in a Ray actor and the data in Ray's object store.
@@ -20,6 +25,7 @@ the same ``Controller`` in a Ray actor and the data in Ray's object store.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,12 +48,41 @@ class QueueConfig:
     """a sample not complete this long after admission is dropped and reported."""
 
     def __post_init__(self) -> None:
-        if self.capacity < 1:
-            raise ValueError(f"capacity={self.capacity}: must be >= 1 (samples in flight)")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s}: must be > 0 seconds")
-        if not self.columns or not self.consumers:
-            raise ValueError("a queue needs at least one column and one consumer")
+        object.__setattr__(self, "columns", _names("columns", self.columns, "('prompt', 'rollouts')"))
+        object.__setattr__(self, "consumers", _names("consumers", self.consumers, "('rollout', 'train')"))
+        _check_count("capacity", self.capacity, "samples in flight")
+        if not _is_number(self.timeout_s) or not self.timeout_s > 0:
+            raise ValueError(f"timeout_s={self.timeout_s!r}: must be a number of seconds > 0 (math.inf: never "
+                             f"drop an incomplete sample)")
+
+
+def _names(what: str, value: object, example: str) -> tuple[str, ...]:
+    """A non-empty tuple of distinct names; a bare string is refused (it would be read as its
+    letters: ``"prompt"`` as the columns p, r, o, ...)."""
+    if isinstance(value, str) or not isinstance(value, (tuple, list)) or not value \
+            or not all(isinstance(v, str) for v in value) or len(set(value)) != len(value):
+        raise ValueError(f"{what}={value!r}: must be a non-empty tuple of distinct names, e.g. {what}={example}"
+                         + (f" (write ({value!r},) for one)" if isinstance(value, str) else ""))
+    return tuple(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _check_count(what: str, value: object, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what}={value!r}: must be an integer >= 1 ({unit})")
+
+
+def check_timeout(value: object, allow_none: bool) -> None:
+    """A wait in seconds: a number >= 0 (``math.inf``: no limit), or None where allowed
+    (no limit). NaN is refused: every comparison with it is False, so a wait never ends."""
+    if value is None and allow_none:
+        return
+    if not _is_number(value) or value < 0:
+        raise ValueError(f"timeout={value!r}: must be a number of seconds >= 0"
+                         + (", or None to wait without limit" if allow_none else " (math.inf: no limit)"))
 
 
 @dataclass
@@ -81,9 +116,11 @@ class Controller:
         self.counts = {"admitted": 0, "retired": 0, "given_back": 0}
         self.timed_out: dict[int, list[str]] = {}  # index -> the columns that never arrived
         self.dropped: list[int] = []  # timed out since the storage last freed them (``take_dropped``)
+        self.lost: dict[int, str] = {}  # index -> consumer that gave it back after it was retired
 
     def admit(self, n: int, group: int) -> list[int] | None:
         """Allocate ``n`` global indices in ``group``; None while that would exceed capacity."""
+        _check_count("n", n, "samples to admit")
         if n > self.cfg.capacity:
             raise ValueError(f"admitting {n} samples at once exceeds capacity={self.cfg.capacity}; "
                              f"raise QueueConfig.capacity or admit in smaller parts")
@@ -114,8 +151,15 @@ class Controller:
               group: int | None = None) -> tuple[list[tuple[int, int]], list[int], int]:
         """Up to ``batch_size`` (index, group) ready for ``consumer``, marked read; plus the
         indices this retires, and how many matching samples are still pending."""
-        if consumer not in self.cfg.consumers:
-            raise KeyError(f"unknown consumer {consumer!r}; this queue has {', '.join(self.cfg.consumers)}")
+        self._check_consumer(consumer)
+        if isinstance(columns, str) or not isinstance(columns, (tuple, list)) or not columns:
+            raise ValueError(f"columns={columns!r}: must be a non-empty tuple of column names, e.g. "
+                             f"{self.cfg.columns[:1]!r}")
+        unknown = [c for c in columns if c not in self.cfg.columns]
+        if unknown:
+            raise KeyError(f"unknown column(s) {unknown} in columns={tuple(columns)!r}; this queue has "
+                           f"{', '.join(self.cfg.columns)}")
+        _check_count("batch_size", batch_size, "samples per get")
         self.expire()
         need, got, pending = set(columns), [], 0
         for i, m in self.meta.items():
@@ -135,11 +179,24 @@ class Controller:
         return got, retired, pending
 
     def give_back(self, consumer: str, indices: list[int]) -> None:
-        """``consumer`` read these but will not finish them (its worker died): serve them again."""
+        """``consumer`` read these but will not finish them (its worker died): serve them again.
+
+        A sample retired meanwhile (every consumer read it: its data is freed) cannot be; it
+        is counted in ``stats()["lost"]``. A timed-out one is already in ``timed_out``. Giving
+        back a sample ``consumer`` does not hold (never admitted, not read, given back twice)
+        is a caller's bug and raises before anything changes."""
+        self._check_consumer(consumer)
+        for i in indices:
+            if not self._may_give_back(consumer, i):
+                raise ValueError(f"give_back({consumer!r}, [{i}]): {consumer!r} does not hold sample {i} "
+                                 f"(never admitted, not read by it, or already given back); give back only "
+                                 f"indices a get() returned to this consumer")
         for i in indices:
             if i in self.meta:
                 self.meta[i].read_by.discard(consumer)
                 self.counts["given_back"] += 1
+            elif i not in self.timed_out:
+                self.lost[i] = consumer
 
     def expire(self) -> list[int]:
         """Drop samples incomplete after ``timeout_s``; they are reported, never served."""
@@ -158,7 +215,17 @@ class Controller:
         return out
 
     def stats(self) -> dict[str, Any]:
-        return {**self.counts, "in_flight": len(self.meta), "timed_out": dict(self.timed_out)}
+        return {**self.counts, "in_flight": len(self.meta), "timed_out": dict(self.timed_out), "lost": dict(self.lost)}
+
+    def _may_give_back(self, consumer: str, index: object) -> bool:
+        """Admitted once, and not in flight unread by ``consumer`` (retired or timed out: fine)."""
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.next_index:
+            return False
+        return index not in self.meta or consumer in self.meta[index].read_by
+
+    def _check_consumer(self, consumer: str) -> None:
+        if consumer not in self.cfg.consumers:
+            raise KeyError(f"unknown consumer {consumer!r}; this queue has {', '.join(self.cfg.consumers)}")
 
     def _meta(self, index: int) -> _Meta:
         if index not in self.meta:
@@ -193,6 +260,7 @@ class LocalTransferQueue:
 
     def admit(self, n: int, group: int, timeout: float | None = None) -> list[int]:
         """Block while the queue is full (backpressure); ``TimeoutError`` after ``timeout`` s."""
+        check_timeout(timeout, allow_none=True)
         with self.cond:
             ids = self.cond.wait_for(lambda: self.controller.admit(n, group), timeout)
             if ids is None:
@@ -213,6 +281,7 @@ class LocalTransferQueue:
             timeout: float = 0.0) -> list[Sample]:
         """Wait up to ``timeout`` s for ``batch_size`` ready samples (fewer when the group has
         fewer left); return what is ready then, possibly nothing."""
+        check_timeout(timeout, allow_none=False)
         deadline = time.monotonic() + timeout
         out: list[Sample] = []
         with self.cond:

@@ -23,11 +23,25 @@ def checkpoint_config(path: str) -> dict:
     from aligntools.gates.inputs import validate_checkpoint
 
     p = validate_checkpoint(path)
-    config = json.loads((p / "config.json").read_text())  # a JSON object: validate_checkpoint checked
+    config = common_names(json.loads((p / "config.json").read_text()))  # an object: validate_checkpoint checked
     for key in ("vocab_size", "hidden_size"):
         if isinstance(config.get(key), bool) or not isinstance(config.get(key), int):
             raise UsageError(f"unreadable checkpoint {p}: config.json has no integer {key!r}")
     return config
+
+
+def common_names(config: dict) -> dict:
+    """``config`` with transformers' common names added where the architecture writes its own:
+    GPT-2 writes ``n_embd`` / ``n_positions`` / ``n_layer`` / ``n_head``, which its config class
+    reads as ``hidden_size`` / ``max_position_embeddings`` / ... (``attribute_map``). Without
+    this, a checkpoint the API captures (at raw module paths) was refused here."""
+    import transformers
+
+    try:
+        aliases = transformers.CONFIG_MAPPING[config.get("model_type")].attribute_map
+    except (KeyError, TypeError):  # a model_type transformers does not know: its names as written
+        return config
+    return {**{name: config[alias] for name, alias in aliases.items() if alias in config}, **config}
 
 
 def check_dtype(dtype: str | None) -> None:

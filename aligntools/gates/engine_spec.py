@@ -39,10 +39,12 @@ def parse_engine_spec(spec: str) -> tuple[str, str | None, dict[str, object]]:
     presets = MINIRL_PRESETS if name == "minirl" else HF_DTYPES
     if preset is not None and preset not in presets:
         raise ValueError(f"unknown {name} preset {preset!r} in {spec!r}; presets: {', '.join(presets)}")
-    raw = dict(item.split("=", 1) for item in items if "=" in item)
     bad = [item for item in items if "=" not in item]
     if bad:
         raise ValueError(f"expected knob=value after the preset in {spec!r}; got {bad}")
+    from minirl.rollout_engine import spec_options
+
+    raw = spec_options(spec, items)  # a repeated key is refused by name
     if name == "hf":
         return name, preset, {k.strip(): hf_option(k.strip(), v.strip()) for k, v in raw.items()}
     if name == "vllm":

@@ -79,7 +79,14 @@ def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> t
     if isinstance(tokens, torch.Tensor):
         if tokens.dim() != 2 or tokens.shape[1] < 2:
             raise GateUsageError(f"token ids must be [batch, seq >= 2]; got {tuple(tokens.shape)}")
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise GateUsageError(f"tokens: token ids must be an integer tensor; got {tokens.dtype} (a cast would "
+                                 f"truncate 5.7 to 5 and gate other tokens than given). Give integer ids, e.g. "
+                                 f"torch.tensor(ids, dtype=torch.long)")
         return tokens.long()
+    if isinstance(tokens, bool) or not hasattr(type(tokens), "__index__"):  # int, numpy ints; not 2.5
+        raise GateUsageError(f"tokens must be a count of built-in text tokens (an int such as 256) or token ids "
+                             f"[batch, seq] (an integer torch.Tensor); got {type(tokens).__name__} {tokens!r:.40}")
     if int(tokens) < 2 * n_seqs:
         raise GateUsageError(f"--tokens must be at least {2 * n_seqs}; got {tokens}")
     _check_positions(path, int(tokens) // n_seqs, n_seqs)

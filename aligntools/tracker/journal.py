@@ -11,10 +11,16 @@ When the run finishes, the journal is converted into the ``.nc`` / ``.zarr`` the
 for (``files.publish``: temporary sibling, renamed over the target) and removed. When it
 does not (exception, budget, kill), the journal stays and ``Capture.load(NAME)`` reads it
 (marked partial); an older file at ``NAME`` is never touched by a run that did not finish.
+
+One writer per path: a second writer would start the journal again under the first one's
+feet (its rows lost). ``WriterLock`` holds an ``flock`` on ``.NAME.lock`` for the writer's
+life; the kernel drops it when the process dies, so a killed run never blocks the next one.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -39,6 +45,62 @@ def is_journal(path: Path) -> bool:
     return path.is_dir() and (path / INDEX).is_file()
 
 
+class WriterLock:
+    """An exclusive ``flock`` on ``.NAME.lock`` beside the target, held until ``release``.
+
+    ``flock`` locks belong to an open file description, so a second writer is refused in
+    the same process as in another one. ``release`` removes the file while still holding
+    the lock; a writer that opened the file just before checks, once locked, that it still
+    names the path (else it retries on the new file), so two writers never hold two locks.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.with_name(f".{path.name}.lock")
+        self._fd: int | None = None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+                os.close(fd)
+                raise CaptureWriteError(
+                    errno.EBUSY, f"another writer (pid {holder}) is capturing to {path} (it holds {self.path}); "
+                                 f"refusing to start a second one, which would discard its journal. Give this "
+                                 f"capture another `out` path, or wait until that writer closes") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # the holder released and removed it between our open and our lock
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (idempotent)."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
+
+
 class JournalStore:
     """``Store`` that appends to a journal and publishes ``path`` on a complete ``close``."""
 
@@ -53,10 +115,17 @@ class JournalStore:
         self._entries: list[list] = []
         self._n = 0
         with self._writing():
-            if self.dir.exists():
-                shutil.rmtree(self.dir)  # an earlier unfinished run of the same path (ours)
-            self.dir.mkdir(parents=True)
-            self._commit()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = WriterLock(path)
+        try:
+            with self._writing():
+                if self.dir.exists():
+                    shutil.rmtree(self.dir)  # an earlier unfinished run of the same path (ours: no writer holds it)
+                self.dir.mkdir(parents=True)
+                self._commit()
+        except BaseException:
+            self._lock.release()
+            raise
 
     def append(self, specs: dict[str, VarSpec], block: dict[str, np.ndarray], n_rows: int) -> None:
         for name in block:
@@ -78,7 +147,14 @@ class JournalStore:
             self._commit()
 
     def close(self, attrs: dict) -> None:
-        """Record the final attrs; if ``complete``, write ``path`` and drop the journal."""
+        """Record the final attrs; if ``complete``, write ``path`` and drop the journal; then
+        let the next writer in."""
+        try:
+            self._finish(attrs)
+        finally:
+            self._lock.release()
+
+    def _finish(self, attrs: dict) -> None:
         self._attrs = plain_attrs({**self._attrs, **attrs})
         with self._writing():
             self._commit()

@@ -422,9 +422,20 @@ def _trailing(site: str, shape: tuple[int, ...]) -> tuple[int, ...]:
 def _filter_mask(mask: object, n: int) -> torch.Tensor:
     """``token_filter``'s answer as a bool [n] CPU tensor, or a ValueError: an index tensor,
     a float mask or a wrong length would otherwise keep the wrong rows without a word."""
-    got = mask if isinstance(mask, torch.Tensor) or mask is None else torch.as_tensor(mask)
+    got = mask if isinstance(mask, torch.Tensor) else _as_tensor(mask)
     if got is None or got.dtype != torch.bool or tuple(got.shape) != (n,):
-        what = "None" if got is None else f"{got.dtype} of shape {tuple(got.shape)}"
+        what = f"{type(mask).__name__} {mask!r:.60}" if got is None else f"{got.dtype} of shape {tuple(got.shape)}"
         raise ValueError(f"token_filter must return a bool tensor of shape [{n}] (one entry per token of the "
                          f"call, True = keep), got {what}; e.g. lambda meta: meta.position >= 3")
     return got.cpu()
+
+
+def _as_tensor(value: object) -> torch.Tensor | None:
+    """``value`` as a tensor, or None where it is none (a str, None, an object): the caller
+    names what it got instead of torch's "new(): invalid data type 'str'"."""
+    if value is None or isinstance(value, (str, bytes)):
+        return None
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None

@@ -47,8 +47,9 @@ class Tracker:
     the available sites. ``token_filter(meta) -> BoolTensor[N]`` keeps a subset of token
     rows. ``out``: stream the capture to a ``.nc`` / ``.zarr`` file while it runs (a crash
     leaves a readable file with ``complete=0``); finished steps are written whenever
-    ``flush_bytes`` of them are buffered. ``progress``: tqdm bar of captured tokens
-    (None: only on a terminal). ``copy``: tensor mode copies every value in its hook; by
+    ``flush_bytes`` of them are buffered. One writer per ``out``: while a Tracker writes it,
+    a second one (this process or another) is refused at ``with`` with a ``CaptureWriteError``.
+    ``progress``: tqdm bar of captured tokens (None: only on a terminal). ``copy``: tensor mode copies every value in its hook; by
     default it keeps transformers' tensors by reference and raises
     ``CapturedValueModified`` if one is written in place after its hook
     (``aligntools.tracker.borrowed``).
