@@ -14,7 +14,7 @@ TORCH_INDEX := https://download.pytorch.org/whl/cpu
 # vLLM's CPU build (requirements-vllm.txt) is part of the default environment on Linux x86-64.
 WITH_VLLM := $(shell [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ] && echo 1)
 
-.PHONY: venv debs demo test test-all lab bench reproduce notebooks clean
+.PHONY: venv debs demo test test-all lab bench reproduce notebooks clean gpu-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -74,3 +74,14 @@ lab: $(STAMP)
 
 clean:
 	rm -rf .venv runs .zoo .pytest_cache .benchmarks
+
+# The GPU check (docs/gpu.md): on a lent CUDA card with the card's own python3 (no .venv there);
+# DRY=1 runs the same stages on CPU at tiny shapes. OUT names the report folder.
+OUT ?= runs/gpu-check
+GPU_WHEELS := .gpu-wheels
+gpu-check: $(if $(DRY),$(STAMP))
+	$(if $(DRY),$(PY) -m benchmarks.gpu_check --dry-run,python3 -m benchmarks.gpu_check --wheels $(GPU_WHEELS)) --out $(OUT)
+
+# The few wheels the GPU check needs that a lent card lacks (it has no network), downloaded here.
+gpu-wheels: $(STAMP)
+	$(PY) -m benchmarks.gpu_check.wheels $(GPU_WHEELS)
