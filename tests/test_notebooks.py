@@ -24,7 +24,28 @@ def test_notebook_executes(name, zoo_root):
     assert not errors
     images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, f"{name} shows no plot"
+    assert not loader_bars(nb), f"{name}: progress bars from a call made with progress=False: {loader_bars(nb)}"
     OUTPUT_CHECKS.get(name, lambda _: None)(nb)  # per-notebook checks on the real outputs
+
+
+LOADER_BARS = ("Loading weights", "Loading safetensors checkpoint shards")
+"""Third-party bars that ``minirl.quiet.quiet(progress=False)`` silences (transformers, vLLM): saved
+as widgets they read "Error displaying widget: model not found" after reopening."""
+
+
+def loader_bars(nb) -> list[str]:
+    """The loader bars a notebook's outputs show, as widgets (text/plain) or on stderr."""
+    texts = [o.get("data", {}).get("text/plain", "") or o.get("text", "")
+             for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    return sorted({bar for t in texts for bar in LOADER_BARS if bar in "".join(t)})
+
+
+def test_loader_bars_are_found_in_widget_and_stderr_outputs():
+    out = nbformat.v4.new_output("display_data", data={"text/plain": "Loading weights:  40%|####  | 19/47"})
+    err = nbformat.v4.new_output("stream", name="stderr", text="Loading safetensors checkpoint shards: 100%|")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x", outputs=[out, err])])
+    assert loader_bars(nb) == ["Loading safetensors checkpoint shards", "Loading weights"]
+    assert loader_bars(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x")])) == []
 
 
 @pytest.mark.notebook

@@ -123,10 +123,13 @@ def create_llm(path: str | os.PathLike, dtype: str = "float32", **options: objec
     check_model(path)
     _make_room_for_experts(path)
     _keep_llvmlite_out_of_vllms_scan()
+    from minirl.quiet import install_filters, progress_enabled
+
+    install_filters()  # before vLLM's import: its start-up and weight-sync warnings known to be harmless
     from vllm import LLM
 
     kwargs = {k: v for k, v in options.items() if k != "prefix_caching"}
-    llm = LLM(model=str(path), dtype=dtype, enforce_eager=True,
+    llm = LLM(model=str(path), dtype=dtype, enforce_eager=True, use_tqdm_on_load=progress_enabled(),
               enable_prefix_caching=bool(options.get("prefix_caching", False)), **kwargs)
     keep_parallel_groups(llm)
     return llm

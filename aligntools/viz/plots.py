@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.colors import LogNorm
+from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 
 from aligntools import sites as S
@@ -70,18 +71,47 @@ def token_matrix(cmp: Comparison, sites: list[str], metric: str = "rel_l2") -> n
     return np.stack(cols, axis=1) if cols else np.zeros((n, 0))
 
 
+BADNESS: dict[str, tuple[str, object]] = {
+    "cosine": ("1 − cosine similarity", lambda v: 1.0 - v),
+    "sqnr_db": ("−SQNR (dB)", lambda v: -v),
+}
+"""Metrics where a larger value means *better*, mapped so that a larger value means worse (label,
+transform): every heatmap reads the same way, bright = worse, as the notebooks teach."""
+LOG_SPAN = 100.0
+"""A colour scale goes logarithmic when the positive values span more than this factor."""
+
+
+def badness(mat: np.ndarray, metric: str) -> tuple[np.ndarray, str]:
+    """``mat`` transformed so that larger is worse, and the colour bar's label."""
+    label, transform = BADNESS.get(metric, (metric, None))
+    return (transform(mat) if transform else mat), label
+
+
+def colour_norm(values: np.ndarray) -> Normalize:
+    """Log colours when the finite positive values span decades (exact zeros then drawn in the
+    darkest colour), linear otherwise: −SQNR is negative, and a log scale over cosines near 1
+    turned whole heatmaps one colour."""
+    v = values[np.isfinite(values)]
+    pos = v[v > 0]
+    if pos.size and (v >= 0).all() and pos.max() > LOG_SPAN * pos.min():
+        return LogNorm(vmin=pos.min(), vmax=pos.max())
+    lo, hi = (float(v.min()), float(v.max())) if v.size else (0.0, 1.0)
+    return Normalize(vmin=lo, vmax=hi if hi > lo else lo + 1.0)
+
+
 def _heatmap(cmp: Comparison, sites: list[str], labels: list[str], metric: str, ax: Axes | None,
              xlabel: str, title: str) -> Figure:
     fig, ax = _fig_ax(ax)
-    mat = token_matrix(cmp, sites, metric)
-    pos = mat[np.isfinite(mat) & (mat > 0)]
-    if not pos.size:
-        ax.text(0.5, 0.5, f"no nonzero {metric} to show", ha="center", va="center")
+    mat, label = badness(token_matrix(cmp, sites, metric), metric)
+    if not np.isfinite(mat).any():
+        ax.text(0.5, 0.5, f"no {metric} to show", ha="center", va="center")
         ax.set_title(title)
         return fig
-    norm = LogNorm(vmin=pos.min(), vmax=max(pos.max(), pos.min() * 10))
-    im = ax.imshow(np.where(mat > 0, mat, np.nan), aspect="auto", interpolation="nearest", norm=norm,
-                   cmap="magma")
+    norm = colour_norm(mat)
+    nonneg = (mat[np.isfinite(mat)] >= 0).all()
+    shown = np.where(mat > 0, mat, np.nan) if nonneg else mat  # exact zeros / inf SQNR: masked
+    cmap = colormaps["magma"].with_extremes(bad=colormaps["magma"](0.0))  # exact (0, inf SQNR): darkest
+    im = ax.imshow(shown, aspect="auto", interpolation="nearest", norm=norm, cmap=cmap)
     ax.set_xticks(range(len(labels)), labels, rotation=60 if len(labels) > 8 else 0, fontsize=FONT)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("token (request:position)")
@@ -90,13 +120,13 @@ def _heatmap(cmp: Comparison, sites: list[str], labels: list[str], metric: str, 
     ax.set_yticks(range(0, len(tok), step),
                   [f"{r}:{p}" for r, p in zip(tok["request"][::step], tok["position"][::step])], fontsize=FONT)
     ax.set_title(title)
-    fig.colorbar(im, ax=ax)
+    fig.colorbar(im, ax=ax, label=f"{label} (bright = worse)")
     return fig
 
 
 def token_heatmap(cmp: Comparison, kind: str = "resid_post", metric: str = "rel_l2",
                   ax: Axes | None = None) -> Figure:
-    """Tokens x layers image of the per-token ``metric`` at ``L*.{kind}`` (log colour), so
+    """Tokens x layers image of the per-token ``metric`` at ``L*.{kind}`` (bright = worse), so
     errors confined to some tokens (decode steps, one request) stand out."""
     layers = sorted(S.parse(s).layer for s in cmp.results
                     if S.parse(s).kind == kind and S.parse(s).layer is not None)

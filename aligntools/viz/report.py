@@ -35,7 +35,11 @@ tr.fail td{background:#fde8e8}
 pre{background:#f7f7f7;padding:.6em;white-space:pre-wrap;overflow-wrap:anywhere}
 ul.cols{columns:16em;font-size:.9em;font-family:ui-monospace,monospace}
 figure{margin:1em 0}figure img{max-width:100%;height:auto}figcaption{color:#555;font-size:.9em}
+details{margin:.5em 0}summary{cursor:pointer;color:#2c5d8a}
+@media (max-width:1100px){figure{overflow-x:auto}figure img{max-width:none}}
 """
+"""Below 1,100 px a figure keeps its drawn size and scrolls in its own box: shrunk to a 900 px
+window, a 1,300 px figure's 10 pt labels were 6-7 px tall."""
 
 
 class Report:
@@ -71,21 +75,42 @@ class Report:
         return self
 
     def table(self, df: pd.DataFrame, failed: pd.Series | None = None, float_format: str = "{:.3g}",
-              formats: dict[str, str] | None = None) -> "Report":
+              formats: dict[str, str] | None = None, shown: int | None = None) -> "Report":
         """``df`` as an HTML table (index shown as the first column); rows where the boolean
         ``failed`` (aligned with ``df.index``) is True are shaded red. Boolean cells read
         ``pass`` / ``FAIL``: the tables here are verdict tables. NaN reads ``n/a``.
-        ``formats``: column -> format of its float cells (e.g. ``{"share": "{:.0%}"}``)."""
+        ``formats``: column -> format of its float cells (e.g. ``{"share": "{:.0%}"}``).
+        ``shown``: show the first ``shown`` failing rows (in ``df``'s order) and fold every other
+        row into a ``<details>`` block, so a 53-row table does not push the plots off screen."""
+        if shown is not None and shown < 0:
+            raise ValueError(f"Report.table: shown={shown}; use a row count >= 0 or None to show every row")
+        bad = (failed.reindex(df.index, fill_value=False).astype(bool) if failed is not None
+               else pd.Series(False, index=df.index))
+        if shown is None:
+            self._blocks.append(self._table_html(df, bad, float_format, formats))
+            return self
+        top = df[bad].head(shown)
+        rest = df.drop(index=top.index)
+        self._blocks.append(self._table_html(top, bad, float_format, formats) if len(top) else
+                            "<p>No row fails.</p>")
+        if len(rest):
+            n_fail = int(bad[rest.index].sum())
+            summary = f"{len(rest)} more rows ({n_fail} failing, {len(rest) - n_fail} passing)"
+            self._blocks.append(f"<details><summary>{html.escape(summary)}</summary>"
+                                f"{self._table_html(rest, bad, float_format, formats)}</details>")
+        return self
+
+    @staticmethod
+    def _table_html(df: pd.DataFrame, bad: pd.Series, float_format: str, formats: dict[str, str] | None) -> str:
         head = "".join(f"<th>{html.escape(str(c))}</th>" for c in [df.index.name or "", *df.columns])
         fmts = [(formats or {}).get(c, float_format) for c in df.columns]
         rows = []
         for idx, row in df.iterrows():
             cells = [_cell(idx, float_format)] + [_cell(v, f) for v, f in zip(row.tolist(), fmts)]
-            cls = ' class="fail"' if failed is not None and bool(failed.get(idx, False)) else ""
+            cls = ' class="fail"' if bool(bad.get(idx, False)) else ""
             rows.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-        self._blocks.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
-                            f"<tbody>{''.join(rows)}</tbody></table></div>")
-        return self
+        return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
+                f"<tbody>{''.join(rows)}</tbody></table></div>")
 
     def figure(self, fig, caption: str = "") -> "Report":
         """Embed a matplotlib figure as a base64 PNG (the figure itself is left open)."""

@@ -37,12 +37,17 @@ def row(outputs: list[dict], label: str) -> list[float]:
     lines = [line.strip() for line in text(outputs).splitlines()
              if line.strip().startswith(label) and line.strip()[len(label):][:1] in ("", " ")]
     assert lines, f"no row {label!r} in:\n{text(outputs)}"
-    return [float(tok) for line in lines for tok in line[len(label):].split() if _is_number(tok)]
+    return [float(_unit_free(tok)) for line in lines for tok in line[len(label):].split() if _is_number(tok)]
+
+
+def _unit_free(tok: str) -> str:
+    """A formatted cell's number: "3.41‰" and "1.27x" read as 3.41 and 1.27 (the unit is the column's)."""
+    return tok.rstrip("‰%x")
 
 
 def _is_number(tok: str) -> bool:
     try:
-        float(tok)
+        float(_unit_free(tok))
     except ValueError:
         return False
     return True
@@ -171,3 +176,141 @@ def check_09(nb: nbformat.NotebookNode) -> None:
 
 OUTPUT_CHECKS.update({"03_moe_routing_and_replay.ipynb": check_03, "04_icepop_tis_grpo.ipynb": check_04,
                       "09_async_scale_out.ipynb": check_09})
+
+
+# --- generated claims (labs.narrate) checked against the values printed beside them -------------
+
+def markdown(outputs: list[dict]) -> str:
+    """The Markdown a cell displayed (its generated prose)."""
+    return "\n".join("".join(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+
+
+def check_time_claim(md: str, candidate: float, baseline: float) -> None:
+    """"N.NNx less/more time" names the direction of the means and their ratio (>= 1); a resolved
+    difference (bold) is never also called noise, and the paper comparison agrees with it."""
+    m = re.search(r"(\d+\.\d+)x (less|more) time", md)
+    assert m, md
+    assert m.group(2) == ("less" if candidate < baseline else "more"), (md, candidate, baseline)
+    assert abs(float(m.group(1)) - max(candidate, baseline) / min(candidate, baseline)) < 0.011, md
+    resolved = f"x {m.group(2)} time**" in md
+    assert resolved != ("inside run-to-run noise" in md or "unmeasured" in md), md
+    if resolved and m.group(2) == "more":
+        assert "slower (" in md and "faster (" not in md
+    if not resolved:
+        assert "faster (" not in md and "slower (" not in md
+
+
+def check_closing(nb: nbformat.NotebookNode, tag: str) -> str:
+    md = markdown(tagged(nb, tag))
+    assert "**Summary.**" in md and "**Next:**" in md and re.search(r"This run took \d+ s", md), md
+    return md
+
+
+def check_05_claims(nb: nbformat.NotebookNode) -> None:
+    out, training = tagged(nb, "c3po-summary"), tagged(nb, "c3po-training")
+    sync, c3po = row(out, "synchronous")[0], row(out, "C3PO++")[0]
+    check_time_claim(markdown(tagged(nb, "c3po-reading")), c3po, sync)
+    check_time_claim(markdown(tagged(nb, "c3po-training-reading")), row(training, "C3PO++")[0],
+                     row(training, "synchronous")[0])
+    end = check_closing(nb, "c3po-conclusion")
+    fast_enough = min(sync / c3po, row(training, "synchronous")[0] / row(training, "C3PO++")[0]) >= 2.5 / 1.1
+    assert ("reproduces in both" in end) <= fast_enough and ("does not reproduce" in end) != ("reproduces in both" in end)
+
+
+def check_09_claims(nb: nbformat.NotebookNode) -> None:
+    out = tagged(nb, "async-summary")
+    sync, async_ = row(out, "sync"), row(out, "async")
+    check_time_claim(markdown(tagged(nb, "async-reading")), async_[0], sync[0])
+    predicted, measured = row(tagged(nb, "cost-model"), "1")[-1], async_[-1]
+    md = markdown(tagged(nb, "cost-model-reading"))
+    assert ("is below it" not in md or measured < predicted) and ("is above it" not in md or measured > predicted), md
+    end = check_closing(nb, "async-conclusion")
+    assert ("below the cost" not in end or measured < predicted) and ("above the cost" not in end or measured > predicted)
+
+
+def _permille_noise(permille: float, tokens: float) -> float:
+    p = permille / 1000
+    return 2 * 1000 * (p * (1 - p) / tokens) ** 0.5
+
+
+def check_04_claims(nb: nbformat.NotebookNode) -> None:
+    out = tagged(nb, "icepop-summary")
+    peaks = {arm: row(out, arm)[2] for arm in ("GRPO", "TIS", "IcePop")}  # grad_norm_max
+    top = max(peaks, key=peaks.get)
+    md = markdown(tagged(nb, "icepop-reading"))
+    assert f"{top}'s gradient norm peaks at {peaks[top]:.3g}" in md and "{'" not in md, md
+    sweep = tagged(nb, "masked-sweep")
+    labels = list(dict.fromkeys(line.split()[0] for line in text(sweep).splitlines() if re.match(r"\d+\.\d+\s", line)))
+    (n0, *_, m0, _), (n1, *_, m1, _) = row(sweep, labels[0]), row(sweep, labels[-1])
+    noise = max(_permille_noise(m0, n0), _permille_noise(m1, n1))
+    grows, falls = m1 > 1.5 * m0 and m1 - m0 > noise, m0 > 1.5 * m1 and m0 - m1 > noise
+    md = markdown(tagged(nb, "sweep-reading"))
+    assert ("masked share grows" in md) == grows and ("masked share stays flat" in md) == (not grows and not falls), md
+    assert ("grows" in check_closing(nb, "icepop-conclusion").split("masked share")[-1]) == grows
+
+
+def check_03_claims(nb: nbformat.NotebookNode) -> None:
+    replay = tagged(nb, "replay")
+    fold = row(replay, "no replay")[0] / row(replay, "R3")[0]
+    md = markdown(tagged(nb, "replay-reading"))
+    assert ("removes the mean gap" in md) == (fold >= 10) and ("cuts the mean gap" in md) == (1.1 < fold < 10), md
+    explorer = markdown(tagged(nb, "explorer-reading"))
+    ratio = re.search(r"median (\d+\.\d+)x the other tokens", explorer)
+    if ratio:
+        assert ("bright rows" in explorer) == (float(ratio.group(1)) >= 1.5), explorer
+    assert "float64 reference" in explorer or "first divergence is" in explorer  # 01 vs 03 is explained
+    assert ("removes the mean gap" in check_closing(nb, "routing-conclusion")) == (fold >= 10)
+
+
+def check_02_claims(nb: nbformat.NotebookNode) -> None:
+    first, last = row(tagged(nb, "decode-drift"), "first quarter")[0], row(tagged(nb, "decode-drift"), "last quarter")[0]
+    md = markdown(tagged(nb, "drift-reading"))
+    if "gap grows with length here" in md:
+        assert last > 1.5 * first, md
+    else:
+        assert "does **not** grow" in md and ("inside the noise" in md or last <= 1.5 * first), md
+    baseline = float(re.search(r"starts (\S+) nats/token away", markdown(tagged(nb, "bf16-reading"))).group(1))
+    tp2 = row(tagged(nb, "tp-drift"), "2")[0]
+    md = markdown(tagged(nb, "tp-reading"))
+    assert ("same order" in md) == (1 / 3 <= tp2 / baseline <= 3) or abs(tp2 / baseline - 3) < 0.2, md
+    vllm = markdown(tagged(nb, "vllm"))
+    counts = re.search(r"at (\d+) of (\d+) sites", vllm)
+    if counts:
+        assert ("yes, mostly" in vllm) == (int(counts.group(1)) > int(counts.group(2)) / 2), vllm
+    check_closing(nb, "checklist-conclusion")
+
+
+CLAIM_CHECKS: dict[str, Callable[[nbformat.NotebookNode], None]] = {
+    "02_alignment_checklist.ipynb": check_02_claims, "03_moe_routing_and_replay.ipynb": check_03_claims,
+    "04_icepop_tis_grpo.ipynb": check_04_claims, "05_c3po_budget_rollouts.ipynb": check_05_claims,
+    "09_async_scale_out.ipynb": check_09_claims,
+}
+
+
+def _both(*checks: Callable[[nbformat.NotebookNode], None]) -> Callable[[nbformat.NotebookNode], None]:
+    return lambda nb: [check(nb) for check in checks] and None
+
+
+OUTPUT_CHECKS.update({name: _both(OUTPUT_CHECKS[name], check) if name in OUTPUT_CHECKS else check
+                      for name, check in CLAIM_CHECKS.items()})
+
+
+def _md_nb(tag: str, md: str) -> nbformat.NotebookNode:
+    cell = new_code_cell("x", metadata={"tags": [tag]},
+                         outputs=[new_output("display_data", data={"text/markdown": md, "text/plain": "<Markdown>"})])
+    return new_notebook(cells=[cell])
+
+
+def test_time_claim_check_catches_the_issues_contradiction():
+    """05's old sentence: "0.79x less time" beside 9.27 s (C3PO++) vs 7.31 s (synchronous)."""
+    with pytest.raises(AssertionError):
+        check_time_claim("its rollout phase took 0.79x less time per step", 9.27, 7.31)
+    check_time_claim("took **1.27x more time**, beyond run-to-run noise: slower (0.79x)", 9.27, 7.31)
+    with pytest.raises(AssertionError):  # resolved and noisy at once
+        check_time_claim("**1.27x more time**, inside run-to-run noise", 9.27, 7.31)
+
+
+def test_closing_cell_needs_summary_next_step_and_runtime():
+    check_closing(_md_nb("end", "**Summary.** x. This run took 12 s (small size).\n\n**Next:** y"), "end")
+    with pytest.raises(AssertionError):
+        check_closing(_md_nb("end", "**Summary.** x."), "end")

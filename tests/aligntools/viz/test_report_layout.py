@@ -58,3 +58,17 @@ def test_growth_curve_names_the_largest_spike(gate):
     texts = [t.get_text() for t in growth_curve(gate.comparison).axes[0].texts]
     if len(jumps):
         assert any(t.startswith(jumps["growth"].idxmax()) for t in texts)
+
+
+def test_a_long_verdict_table_shows_failing_rows_first_and_folds_the_rest():
+    import pandas as pd
+
+    from aligntools.viz.report import Report
+
+    df = pd.DataFrame({"rel_l2": [0.1, 0.2, 0.3, 0.4]}, index=pd.Index(["a", "b", "c", "d"], name="site"))
+    failed = pd.Series([False, True, True, True], index=df.index)
+    html = Report("t").table(df, failed=failed, shown=2).render()
+    shown, folded = html.split("<details>")
+    assert "<td>b</td>" in shown and "<td>c</td>" in shown and "<td>a</td>" not in shown
+    assert "2 more rows (1 failing, 1 passing)" in folded and "<td>a</td>" in folded and "<td>d</td>" in folded
+    assert "<details>" not in Report("t").table(df, failed=failed).render()  # shown=None: one table, as before
