@@ -136,24 +136,26 @@ class GateResult:
         """The self-contained HTML report (``Report.write(path)`` writes it)."""
         r = Report(f"Alignment gate: {self.setup['infer']} vs {self.setup['train']}")
         r.verdict(self.passed, self.verdict)
-        r.text(_setup_line(self.setup))
-        r.text("Limits: k x noise floor + atol (dtype of the pair); noise floor = the training engine's "
-               "own error against a float64 run of the same model on the same tokens.")
-        r.text("Inference knobs:").bullets([f"{k}={v}" for k, v in self.setup["knobs"].items()])
-        r.heading("Final |Δ logprob|").table(self.logprob, failed=~self.logprob["passes"])
-        self.explain(r)
-        if len(self.routing):
-            r.heading("Routing").table(self.routing, failed=~self.routing["passes"])
-            r.text("set_flip: share of tokens whose top-k expert set changed; near_tie: share of those "
-                   "flips whose router-score margin is within the score error (n/a: no flips).")
-        r.heading("Per-site errors (relative L2, train vs infer)").table(self.site_table(), failed=~self.table["passes"])
-        r.text("growth = a site's error over its inputs' error: a site far above 1 is where the error starts. "
-               "Expert-id rows (topk_ids) read exact (identical ids) or n/a; their flips are gated in Routing.")
-        figs = self.figures()
+        figs = self.figures()  # verdict -> where it goes wrong (plots) -> why -> the failing rows
         r.heading("Where the error grows").figure(figs["error_growth"], _growth_caption(self))
         r.heading("Per-token |Δ logprob|").figure(
             figs["logprob_gap"], "Tokens to the right of the dashed line are each off by more than the limit "
             "on the mean; a long right tail means a few tokens (often routing flips) carry the gap.")
+        self.explain(r)
+        r.heading("Final |Δ logprob|").table(self.logprob, failed=~self.logprob["passes"])
+        if len(self.routing):
+            r.heading("Routing").table(self.routing, failed=~self.routing["passes"])
+            r.text("set_flip: share of tokens whose top-k expert set changed; near_tie: share of those "
+                   "flips whose router-score margin is within the score error (n/a: no flips).")
+        r.heading("Per-site errors (relative L2, train vs infer), failing sites first").table(
+            self.site_table(), failed=~self.table["passes"], shown=10)
+        r.text("growth = a site's error over its inputs' error: a site far above 1 is where the error starts. "
+               "Expert-id rows (topk_ids) read exact (identical ids) or n/a; their flips are gated in Routing.")
+        r.heading("Setup")
+        r.text(_setup_line(self.setup))
+        r.text("Limits: k x noise floor + atol (dtype of the pair); noise floor = the training engine's "
+               "own error against a float64 run of the same model on the same tokens.")
+        r.text("Inference knobs:").bullets([f"{k}={v}" for k, v in self.setup["knobs"].items()])
         return r
 
     def explain(self, r: Report) -> Report:
