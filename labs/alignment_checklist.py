@@ -63,7 +63,7 @@ def knob_checklist(model_path: str | os.PathLike, dtype: str = "bfloat16", train
     ax.barh(range(len(t)), t["gap_alone"], color=colors)
     ax.plot(t["gap_cumulative"], range(len(t)), "o-", c="#f39c12", label="cumulative, in this order")
     ax.axvline(attr.baseline_gap, ls="--", c="#c0392b", label=f"typical engine: {attr.baseline_gap:.3g}")
-    ax.set_yticks(range(len(t)), [f"{k} ({m})" for k, m in zip(t.index, t["module"])])
+    ax.set_yticks(range(len(t)), [k if f"({m})" in k else f"{k} ({m})" for k, m in zip(t.index, t["module"])])
     ax.invert_yaxis()
     ax.set(xlabel=f"mean |Δ logprob| vs {train} with only this knob aligned",
            title=f"Ring-linear §5.2.1 checklist, inference in {dtype}")

@@ -35,8 +35,9 @@ from minirl.trainer_forward import forward
 
 PAPER_MASKED_PERMILLE = (1.0, 2.0)  # Ring-1T §2.3.4 / Fig. 12: IcePop keeps 1-2 per mille of tokens clipped
 ARMS = {"GRPO": "none", "TIS": "tis", "IcePop": "icepop"}  # arm label -> TrainConfig.correction
-CURVES = {"reward": "reward", "grad_norm": "gradient norm", "mismatch_kl_k3": "mismatch KL (k3)",
-          "frac_masked": "masked / clipped-to-0 fraction"}
+CURVES = {"reward": ("reward", "mean reward per sample"), "grad_norm": ("gradient norm", "L2 norm (before clipping)"),
+          "mismatch_kl_k3": ("mismatch KL (k3)", "KL(pi_infer || pi_train), nats"),
+          "frac_masked": ("masked / clipped-to-0 fraction", "share of response tokens")}
 COLORS = {"GRPO": "#c0392b", "TIS": "#f39c12", "IcePop": "#2c7fb8"}
 
 
@@ -110,10 +111,10 @@ def summary(ds: xr.Dataset) -> pd.DataFrame:
 def figure(ds: xr.Dataset) -> Figure:
     """Reward, grad norm, mismatch KL and masked fraction per step, one line per arm."""
     fig = Figure(figsize=(14, 3.4), layout="constrained")
-    for ax, (var, title) in zip(fig.subplots(1, len(CURVES)), CURVES.items()):
+    for ax, (var, (title, ylabel)) in zip(fig.subplots(1, len(CURVES)), CURVES.items()):
         for arm in ds["arm"].values:
             ax.plot(ds["step"], ds[var].sel(arm=arm), marker=".", color=COLORS[str(arm)], label=str(arm))
-        ax.set(xlabel="step", title=title)
+        ax.set(xlabel="RL step", ylabel=ylabel, title=title)
     lo, hi = PAPER_MASKED_PERMILLE
     ax.axhspan(lo / 1000, hi / 1000, color="#2c7fb8", alpha=0.15, label="Ring-1T IcePop: 1-2‰")
     ax.legend(fontsize=8)
@@ -156,10 +157,11 @@ def sweep_figure(sweep: pd.DataFrame) -> Figure:
     kl = sweep["mismatch_kl_k3"].clip(lower=1e-7)
     ax.plot(kl, sweep["icepop_masked_permille"], marker="o", color=COLORS["IcePop"], label="IcePop: masked (rho outside [0.5, 5])")
     ax.plot(kl, sweep["tis_capped_permille"], marker="s", color=COLORS["TIS"], label="TIS: capped (rho > 2)")
-    for noise, x, y in zip(sweep.index, kl, sweep["icepop_masked_permille"]):
-        ax.annotate(f"{noise:g}", (x, y), textcoords="offset points", xytext=(3, 4), fontsize=7)
+    for i, (noise, x, y) in enumerate(zip(sweep.index, kl, sweep["icepop_masked_permille"])):
+        ax.annotate(f"{noise:g}", (x, y), textcoords="offset points", xytext=(3, 4 if i % 2 else -10), fontsize=7)
     ax.axhspan(*PAPER_MASKED_PERMILLE, color=COLORS["IcePop"], alpha=0.15, label="Ring-1T: 1-2‰")
+    grows = sweep["icepop_masked_permille"].iloc[-1] > sweep["icepop_masked_permille"].iloc[0]
     ax.set(xscale="log", xlabel="mismatch KL (k3), labels: weight_noise", ylabel="‰ of tokens",
-           title="masked share grows with the mismatch")
+           title="masked share " + ("grows with" if grows else "does not grow with") + " the mismatch")
     ax.legend(fontsize=8)
     return fig
