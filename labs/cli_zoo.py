@@ -30,6 +30,10 @@ def _list(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     path = zoo.build(args.name, out=args.out, seed=args.seed, force=args.force)
     meta = json.loads((path / "zoo.json").read_text())
-    print(f"{path}\n  {meta['description']}; {meta['n_params']:,} params; "
-          f"train loss {meta['final_train_loss']:.3f}; sha256 {zoo.weights_hash(path)[:16]}")
+    # Trained models report their last loss; converted ones (GGUF) were never trained here.
+    origin = (f"train loss {meta['final_train_loss']:.3f}" if "final_train_loss" in meta
+              else f"converted from {meta['source']}")
+    # The recipe's description: zoo.json keeps the text of its build, and rewording it does not rebuild.
+    print(f"{path}\n  {zoo.SPECS[args.name].description}; {meta['n_params']:,} params; {origin}; "
+          f"sha256 {zoo.weights_hash(path)[:16]}")
     return 0

@@ -224,6 +224,42 @@ def _router_replay(small: bool) -> Outcome:
                     "paper_reduction": routing_lab.PAPER_REDUCTION, "flip_share": float(margins["flipped"].mean())})
 
 
+@reproduction("router_replay_deep", finding="R3 on an MoE shaped like real ones (16 layers, 64 experts top-8) vs the "
+              "4-layer top-2 toy, with bf16 and fp8 rollouts",
+              paper="CompassMax §2.4.4: replay cuts the logprob discrepancy from ~1e-3 to ~1e-4 (~10x)")
+def _router_replay_deep(small: bool) -> Outcome:
+    from labs import routing_lab
+
+    summary, flips = routing_lab.depth_comparison(**(dict(prompts=2, n=2, max_new_tokens=8) if small
+                                                     else dict(prompts=8, n=4, max_new_tokens=32)), progress=False)
+    factor = summary["R3_factor_mean"]
+    ours = "; ".join(f"{model} {rollout}: R3 {factor[model, rollout]:.2f}x on the mean, "
+                     f"{summary.loc[(model, rollout), 'R3_factor_max']:.2f}x on the max, "
+                     f"{summary.loc[(model, rollout), 'flip_rate']:.1%} flips" for model, rollout in summary.index)
+    per_layer = xr.DataArray(flips.to_numpy(), dims=("layer", "run"), coords={
+        "layer": flips.index.to_numpy(), "run": [f"{m} {r}" for m, r in flips.columns]}).to_dataset(name="flip_rate")
+    return Outcome(ours, {"summary": xr.Dataset.from_dataframe(summary), "flips_per_layer": per_layer},
+                   {"router_replay_deep": routing_lab.depth_figure(summary, flips)},
+                   {f"R3_factor_mean {m} {r}": float(v) for (m, r), v in factor.items()})
+
+
+@reproduction("quantized_rollouts", finding="GRPO vs TIS vs IcePop vs MIS with FP8 and INT4 rollouts against an fp32 trainer",
+              paper="Ring-1T Figs 10-12: uncorrected GRPO's grad norm grows, IcePop stays stable; FlashRL: TIS recovers "
+                    "the bf16-rollout curve with INT8/FP8 rollouts")
+def _quantized_rollouts(small: bool) -> Outcome:
+    from labs import quant_lab
+
+    ds = quant_lab.train_arms(**(dict(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, sft_steps=4,
+                                      n_eval=4, eval_every=1) if small else {}), progress=False)
+    acc = {(str(f), str(a)): _tail_mean(ds["eval_accuracy"].sel(weights=f, arm=a).dropna("step"))
+           for f in ds["weights"].values for a in ds["arm"].values}
+    grad = ds["grad_norm"].max("step")
+    ours = "; ".join(f"{f}: " + ", ".join(f"{a} acc {acc[f, a]:.2f} (max grad {float(grad.sel(weights=f, arm=a)):.2g})"
+                                           for a in quant_lab.ARMS) for f in map(str, ds["weights"].values))
+    return Outcome(ours, {"curves": ds}, {"quantized_rollouts": quant_lab.curves_figure(ds)},
+                   {f"eval_accuracy_tail {f} {a}": v for (f, a), v in acc.items()})
+
+
 @reproduction("icepop", finding="IcePop masks a small share of tokens under a train-inference mismatch",
               paper="Ring-1T §2.3.4 / Fig. 12: 1-2‰ of training tokens clipped (masked)")
 def _icepop(small: bool) -> Outcome:

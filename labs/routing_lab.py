@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 import transformers
 from matplotlib.figure import Figure
+from tqdm.auto import tqdm
 
 import aligntools
 from aligntools.analyzer.routing_diff import topk_rows
@@ -94,6 +95,9 @@ class ReplayResult:
 
     per_token: pd.DataFrame
     summary: pd.DataFrame
+    flips: pd.Series
+    """Per MoE layer: share of positions (prompts and generated) where the engine's top-k set
+    differs from the trainer's own routing."""
 
     @property
     def reduction(self) -> float:
@@ -130,8 +134,64 @@ def replay_gap(engine: Engine, hf: torch.nn.Module, prompts: int = 8, n: int = 4
     summary = pd.DataFrame({"mean": per_token[list(modes)].mean(), "max": per_token[list(modes)].max(),
                             "mean_affected": hit[list(modes)].mean() if len(hit) else np.nan})
     summary["reduction"] = summary.loc["no replay", "mean"] / summary["mean"]
+    summary["reduction_max"] = summary.loc["no replay", "max"] / summary["max"]
     summary.index.name = "mode"
-    return ReplayResult(per_token, summary)
+    return ReplayResult(per_token, summary, layer_flips(r2, r3, engine.moe_layers))
+
+
+def layer_flips(trainer: list[torch.Tensor], engine: list[torch.Tensor], layers: list[int]) -> pd.Series:
+    """Share of positions per MoE layer whose top-k expert *set* differs; inputs are per sequence
+    [len, n_moe_layers, k] expert ids (the trainer's own routing, the engine's ``routed_experts``)."""
+    flipped = torch.cat([(a.sort(-1).values != b.sort(-1).values).any(-1) for a, b in zip(trainer, engine)])
+    return pd.Series(flipped.double().mean(0).numpy(), index=pd.Index(layers, name="layer"), name="flip_rate")
+
+
+def depth_comparison(models: tuple[str, ...] = (MODEL, "tiny-moe-deep"), weights: tuple[str, ...] = ("none", "fp8_e4m3"),
+                     prompts: int = 16, n: int = 4, max_new_tokens: int = 64, seed: int = 0,
+                     progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """R3 on a shallow and a deep MoE, for bf16 rollouts and quantized ones (``Knobs.weights``;
+    ``none`` = plain bf16). The typical bf16 minirl engine samples, an fp32 transformers trainer
+    scores. Returns (summary indexed by [model, rollout] with mean / max |Δ logprob| without
+    replay and with R3, R3's factor on each, and the mean flip rate; per-layer flip rates, one
+    column per (model, rollout)). Why: most of a 4-layer top-2 toy's gap is arithmetic, so R3
+    barely helps; in deep, wide, top-8 MoEs flips compound layer after layer."""
+    rows, flips = [], {}
+    runs = [(m, w) for m in models for w in weights]
+    for model, fmt in tqdm(runs, desc="R3 by depth", unit="run", disable=not progress):
+        path = zoo.build(model)
+        engine = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.typical_inference().replace(weights=fmt))
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        res = replay_gap(engine, hf, prompts=prompts, n=n, max_new_tokens=max_new_tokens, seed=seed)
+        s, rollout = res.summary, "bf16" if fmt == "none" else f"bf16+{fmt}"
+        rows.append({"model": model, "rollout": rollout, "layers": engine.n_layers,
+                     "tokens": len(res.per_token), "mean_no_replay": s.loc["no replay", "mean"],
+                     "mean_R3": s.loc["R3", "mean"], "R3_factor_mean": s.loc["R3", "reduction"],
+                     "max_no_replay": s.loc["no replay", "max"], "max_R3": s.loc["R3", "max"],
+                     "R3_factor_max": s.loc["R3", "reduction_max"], "flip_rate": float(res.flips.mean())})
+        flips[model, rollout] = res.flips
+    return pd.DataFrame(rows).set_index(["model", "rollout"]), pd.DataFrame(flips)
+
+
+def depth_figure(summary: pd.DataFrame, flips: pd.DataFrame) -> Figure:
+    """Left: flip rate per MoE layer, one line per (model, rollout). Right: R3's factor on the
+    mean and the max |Δ logprob| per run, next to CompassMax's ~10x."""
+    fig = Figure(figsize=(12, 3.6), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    for (model, rollout), rates in flips.items():
+        rates = rates.dropna()
+        ax1.plot(rates.index, 100 * rates.values, marker=".", label=f"{model}, {rollout}")
+    ax1.set(xlabel="MoE layer", ylabel="% positions with another top-k set", title="routing flips per layer")
+    ax1.legend(fontsize=8)
+    labels = [f"{m}\n{r}" for m, r in summary.index]
+    x = np.arange(len(labels))
+    ax2.bar(x - 0.2, summary["R3_factor_mean"], 0.4, color="#2c7fb8", label="mean |Δ logprob|")
+    ax2.bar(x + 0.2, summary["R3_factor_max"], 0.4, color="#95a5a6", label="max |Δ logprob|")
+    ax2.axhline(PAPER_REDUCTION, ls="--", c="gray", label=f"CompassMax §2.4.4: ~{PAPER_REDUCTION:.0f}x")
+    ax2.axhline(1.0, c="black", lw=0.8)
+    ax2.set_xticks(x, labels, fontsize=7)
+    ax2.set(yscale="log", ylabel="no replay / R3", title="R3's factor on the train-inference gap")
+    ax2.legend(fontsize=8)
+    return fig
 
 
 def replay_figure(res: ReplayResult) -> Figure:

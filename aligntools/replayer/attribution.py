@@ -12,7 +12,8 @@ Definitions (mean |Δ logprob| over every scored token, inference engine vs trai
   share_i = max(G0 - G_i, 0) / G0
   cumulative: knobs set to aligned one after another in ranked order; the last value is the
   gap with every knob aligned. The dtype is not a knob: in bf16 that final gap stays well
-  above zero and is reported as the row ``residual (dtype)``.
+  above zero and is reported as the row ``residual (dtype)``. Weight quantization is one
+  (``weights``, aligned value ``none``): a quantized rollout engine's gap is attributed to it.
 """
 
 from __future__ import annotations
@@ -137,13 +138,14 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
               progress: bool = True, target: Knobs | None = None) -> Attribution:
     """Share of the final mean |Δ logprob| (minirl vs the training engine) each knob explains.
 
-    ``infer_knobs``: the inference engine's knobs (default ``Knobs.typical_inference()``);
+    ``infer_knobs``: the inference engine's knobs, a ``Knobs`` or a preset name as engine specs
+    write it (``"typical"``, ``"aligned"``, ``"hf_exact"``; default ``Knobs.typical_inference()``);
     ``train``: the training engine spec (``hf`` = float32, ``hf:bfloat16``); ``dtype``: the
     inference engine's dtype; ``tokens``: a count of built-in text tokens or token ids [B, S];
     ``knobs``: restrict to these knob names (default: every knob whose value differs from
-    ``target``); ``target``: the knob values each knob is toggled to (default
-    ``Knobs.aligned()``; use ``Knobs.hf_exact()`` against a stock bf16 trainer), with the attention
-    backend the training model runs. Only logprobs
+    ``target``); ``target``: the knob values each knob is toggled to, a ``Knobs`` or a preset
+    name (default ``Knobs.aligned()``; use ``"hf_exact"`` against a stock bf16 trainer), with
+    the attention backend the training model runs. Only logprobs
     are computed (``Engine.score``), one training pass reused, so a knob evaluation costs one
     inference prefill.
     """
@@ -152,7 +154,11 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
     from aligntools.gates.inputs import follow_attention, load_hf, parse_train, prepare_tokens, validate_checkpoint
 
     path = validate_checkpoint(model_path)
-    infer_knobs = Knobs.typical_inference() if infer_knobs is None else infer_knobs
+    infer_knobs = _knobs_argument("infer_knobs", infer_knobs) or Knobs.typical_inference()
+    target = _knobs_argument("target", target)
+    if isinstance(knobs, str) or not (knobs is None or isinstance(knobs, Sequence)):
+        raise TypeError(f"knobs must be a list of knob names such as ['rmsnorm', 'rope'] (or None: every knob that "
+                        f"differs); got {type(knobs).__name__} {knobs!r:.60}")
     ids = prepare_tokens(path, tokens)  # [B, S]
     train_spec = parse_train(train)
     trainer = load_hf(path, train_spec.dtype, **train_spec.options)
@@ -178,3 +184,19 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
 
     table, g0, residual = run_attribution(gap, differing, progress=progress)
     return Attribution(table, g0, residual, dtype=dtype, train=train)
+
+
+def _knobs_argument(name: str, value: object) -> Knobs | None:
+    """``value`` as Knobs: a Knobs passes, a preset name (``"typical"``) is looked up, None
+    stays None; anything else is refused here, before a model loads (a string used to fail
+    as "'str' object has no attribute 'to_dict'" after the trainer's forward)."""
+    from aligntools.gates.engine_spec import MINIRL_PRESETS
+    from minirl import Knobs  # noqa: F811 - lazy, as in attribute()
+
+    if value is None or isinstance(value, Knobs):
+        return value
+    if isinstance(value, str) and value in MINIRL_PRESETS:
+        return Knobs.preset(value)
+    raise (ValueError if isinstance(value, str) else TypeError)(
+        f"{name}={value!r:.60}: must be a minirl Knobs (e.g. Knobs.typical_inference()) or a preset name, one "
+        f"of {', '.join(MINIRL_PRESETS)}")

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
 
+from aligntools.sites import parse
+
 SEARCH: dict[str, tuple] = {
+    "weights": ("none", "fp8_e4m3", "int8", "int4"),  # first: a quantized engine's gap dwarfs the rest
     "rmsnorm": ("fused_add", "hf", "fp32_residual", "bf16_compute"),
     "activation": ("fused_silu_mul", "hf"),
     "rope": ("cached_table", "hf", "fp32_compute"),
@@ -60,20 +64,31 @@ class Fingerprint:
                 f"{changed}; {gap}; {self.evaluated} settings tried)")
 
 
-def fingerprint(capture, model_path: str | os.PathLike, *, passes: int = 2, progress: bool = False) -> Fingerprint:
+def fingerprint(capture, model_path: str | os.PathLike, *, passes: int = 2, progress: bool = False,
+                allow_different_models: bool = False) -> Fingerprint:
     """Search minirl knobs for the setting closest to ``capture`` (a prefill capture of any
-    engine, e.g. ``aligntools.capture(vllm_llm, ids)``) of checkpoint ``model_path``."""
+    engine, e.g. ``aligntools.capture(vllm_llm, ids)``) of checkpoint ``model_path``.
+
+    ``passes``: coordinate-search sweeps (>= 1; the search stops early once a sweep changes
+    nothing). Refused before any engine runs: a capture of another model (its ``model_hash``
+    or its layer count / hidden size differ from ``model_path``'s; ``allow_different_models``
+    skips the hash check, e.g. for quantized weights) and a capture holding NaN or inf values
+    (the error metrics would drop them and report a distance of 0)."""
     from tqdm.auto import tqdm
 
     from aligntools.analyzer.comparison import as_dataset, compare
     from aligntools.tracker.tracker import capture as run_capture
     from minirl import Engine, Knobs, read_config, read_safetensors
 
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"passes={passes!r}: must be an integer >= 1 (sweeps of the knob search; default 2)")
     ds = as_dataset(capture)
     ids = _prefill_ids(ds)  # [B, S]
     dtype = ds.attrs.get("dtype", "float32")
     sites = [s for s in ds.data_vars if s in _float_sites(ds)]
     config, weights = read_config(model_path), read_safetensors(model_path)
+    _check_same_model(ds, ids, model_path, config, allow_different_models)
+    _check_finite(ds, sites)
     search = {k: v for k, v in SEARCH.items() if k not in ("router_dtype", "expert_sum_order") or _is_moe(config)}
     cache: dict[tuple, tuple[float, float, object]] = {}
     bar = tqdm(desc="fingerprint", unit="setting", disable=not progress)
@@ -119,6 +134,50 @@ def _explained(best, reference, search: dict, evaluate) -> pd.DataFrame:
                              "score_if_reverted": score})
     cols = ["knob", "engine_value", "trainer_value", "distance_if_reverted", "score_if_reverted"]
     return pd.DataFrame(rows, columns=cols).set_index("knob")
+
+
+def _check_same_model(ds, ids: torch.Tensor, model_path: str | os.PathLike, config: dict,
+                      allow_different_models: bool) -> None:
+    """Another model's capture would be "fingerprinted" against the wrong weights: refuse it
+    by its checkpoint hash (when both sides have one) and by shape (layers, hidden size,
+    vocabulary), which also catches captures of models built in memory."""
+    from aligntools.tracker.provenance import checkpoint_hash
+
+    captured, found = str(ds.attrs.get("model_hash", "")), checkpoint_hash(model_path)
+    file_hash = re.compile(r"[0-9a-f]{64}")
+    if (not allow_different_models and found and file_hash.fullmatch(captured) and file_hash.fullmatch(found)
+            and captured != found):
+        raise ValueError(f"this capture was taken from another model (model_hash {captured[:12]}) than {model_path} "
+                         f"(sha256 {found[:12]}); pass the checkpoint it was taken from, or "
+                         f"allow_different_models=True if it holds the same model (e.g. quantized weights)")
+    top_layer = max((parse(s).layer for s in ds.data_vars if parse(s).layer is not None), default=-1)
+    hidden, top_id = ds.sizes.get("hidden"), int(ids.max())
+    misfits = [
+        (f"a site of layer {top_layer}", "num_hidden_layers", top_layer >= config.get("num_hidden_layers", math.inf)),
+        (f"hidden size {hidden}", "hidden_size", hidden is not None and hidden != config.get("hidden_size", hidden)),
+        (f"token id {top_id}", "vocab_size", top_id >= config.get("vocab_size", math.inf))]
+    for seen, key, misfit in misfits:
+        if misfit:
+            raise ValueError(f"this capture does not fit {model_path}: it has {seen}, the checkpoint's {key} is "
+                             f"{config.get(key)}; pass the checkpoint the capture was taken from")
+
+
+def _check_finite(ds, sites: list[str]) -> None:
+    """NaN / inf in the rows a site emitted would drop out of the error metrics (a distance of 0
+    for a broken capture): refuse, naming the site, the count and the first row. ``logprobs``
+    is NaN by design where the next token is unknown (the last position): only inf counts there."""
+    for site in sites:
+        values = np.asarray(ds[site].values).reshape(ds.sizes["token"], -1)
+        emitted = ds.coords.get(f"emitted.{site}")
+        rows = (np.isinf(values) if site == "logprobs" else ~np.isfinite(values)).any(axis=1)
+        if emitted is not None:
+            rows &= np.asarray(emitted.values) == 1
+        if rows.any():
+            first = int(np.flatnonzero(rows)[0])
+            raise ValueError(f"capture site {site} holds NaN or inf in {int(rows.sum())} token row(s), the first at "
+                             f"request {int(ds['request'].values[first])} position "
+                             f"{int(ds['position'].values[first])}; the fingerprint needs finite activations "
+                             f"(recapture, or drop the site: capture.dataset.drop_vars({site!r}))")
 
 
 def _prefill_ids(ds) -> torch.Tensor:

@@ -49,6 +49,14 @@ class Knobs:
     bf16 checkpoint with fp32 activations (Ring-linear 5.2.1 "maintaining appropriate
     precision": weight precision is the first thing that differs between trainer and server)."""
 
+    weights: str = "none"
+    """Quantization of the linear layers' weights (``minirl.engine.quantize``): ``none``,
+    ``fp8_e4m3`` (per-output-channel scale), ``int8`` (per-output-channel, symmetric) or
+    ``int4`` (GGUF Q4_0 blocks of 32). Applied at load and at every ``load_weights`` sync,
+    dequantized before the GEMM; embeddings, lm_head and the MoE router stay unquantized, as
+    in vLLM's FP8 models. Quantized rollouts (FlashRL, QeRL, FP8 rollouts in verl/slime) are
+    the largest train-inference mismatch real RL stacks run with."""
+
     activation: str = "fused_silu_mul"
     """SwiGLU ``silu(gate) * up``. ``fused_silu_mul``: computed in fp32 and rounded once (vLLM/
     SGLang ``silu_and_mul`` on the fused gate_up output). ``hf``: ``silu`` rounded to the
@@ -182,9 +190,10 @@ class Knobs:
         from minirl.engine.attention import BACKENDS
         from minirl.engine.moe import SUM_ORDERS
         from minirl.engine.ops import ACTIVATIONS, resolve_dtype
+        from minirl.engine.quantize import FORMATS
 
         choices = {"attention": BACKENDS, "decode": DECODE_MODES, "expert_sum_order": SUM_ORDERS,
-                   "activation": ACTIVATIONS}
+                   "activation": ACTIVATIONS, "weights": FORMATS}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"knob {name}={getattr(self, name)!r}; valid: {list(valid)}")

@@ -23,6 +23,7 @@ from minirl.engine.kv_cache import KVCache
 from minirl.engine.knobs import Knobs
 from minirl.engine.moe import MoEConfig, moe_forward
 from minirl.engine.ops import resolve_dtype, row_parallel_linear, silu_mul
+from minirl.engine.quantize import fake_quantize
 
 
 @dataclass
@@ -84,12 +85,24 @@ class Transformer:
         """
         with torch.no_grad():
             if not self.w:
-                self.w = {n: t.to(self._round_dtype(n)).to(self._store_dtype(n), copy=True).contiguous()
+                self.w = {n: self._rounded(n, t).to(self._store_dtype(n), copy=True).contiguous()
                           for n, t in fused.items()}
                 self.layers = [self._layer(i) for i in range(self.spec.n_layers)]
                 return
             for n, t in fused.items():
-                self.w[n].copy_(t.to(self._round_dtype(n)))
+                self.w[n].copy_(self._rounded(n, t))
+
+    def _rounded(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as the engine uses it: quantized and dequantized (``Knobs.weights``) when it is
+        a linear layer's weight, then rounded to the weight dtype."""
+        if self.knobs.weights != "none" and self._quantized(name, t):
+            t = fake_quantize(t, self.knobs.weights, name)
+        return t.to(self._round_dtype(name))
+
+    def _quantized(self, name: str, t: torch.Tensor) -> bool:
+        """Whether ``Knobs.weights`` applies: every matrix inside a layer but the MoE router (vLLM
+        keeps the gate, the embeddings and lm_head unquantized)."""
+        return name.startswith("L") and t.ndim >= 2 and not name.endswith(".router")
 
     def _round_dtype(self, name: str) -> torch.dtype:
         """The precision a weight is rounded to on load: the weight dtype, unless the

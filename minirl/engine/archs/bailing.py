@@ -177,6 +177,9 @@ class BailingTransformer(Transformer):
         # transformers keeps these exact (``_keep_in_fp32_modules_strict``): never round them.
         return torch.float32 if name.endswith(FP32_WEIGHTS) else super()._round_dtype(name)
 
+    def _quantized(self, name: str, t: torch.Tensor) -> bool:
+        return not name.endswith(FP32_WEIGHTS) and super()._quantized(name, t)
+
     def new_cache(self, rows: int, capacity: int, dtype: torch.dtype) -> HybridCache:
         return HybridCache(self.spec, rows, capacity, dtype)
 
