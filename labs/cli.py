@@ -11,7 +11,8 @@ import importlib
 import os
 import sys
 
-SUBCOMMAND_MODULES = ["labs.cli_zoo", "aligntools.cli.capture", "aligntools.cli.diff", "aligntools.cli.check", "minirl.cli_train"]
+SUBCOMMAND_MODULES = ["labs.cli_zoo", "aligntools.cli.capture", "aligntools.cli.diff", "aligntools.cli.check", "minirl.cli_train",
+                      "minirl.plot"]
 
 
 def build_parser() -> argparse.ArgumentParser:

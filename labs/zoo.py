@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from aligntools.gates.inputs import corpus_text
 from labs.corpus import training_texts
 from labs.tokenizer import build_tokenizer
+from minirl.quiet import quiet
 
 ZOO_FORMAT = 1  # bump when the build recipe changes, so caches rebuild
 
@@ -92,8 +93,14 @@ def default_root() -> Path:
     return Path(os.environ.get("MLAB_ZOO_DIR", Path.home() / ".cache" / "mismatch-lab" / "zoo"))
 
 
-def build(name: str, out: str | os.PathLike | None = None, seed: int = 0, force: bool = False) -> Path:
+def build(name: str, out: str | os.PathLike | None = None, seed: int = 0, force: bool = False,
+          progress: bool = True) -> Path:
     """Build (or reuse) zoo model ``name`` and return its checkpoint directory.
+
+    ``progress=False`` silences every bar the build draws (its own training bar and
+    transformers' "Writing model shards"), so a quiet notebook cell stays quiet. The build runs
+    with autograd on whatever the caller's grad mode (a build inside ``torch.no_grad()`` used to
+    fail on its first backward).
 
     ``out`` defaults to ``default_root()/name-seed{seed}``. A finished build is reused when its
     recipe fingerprint matches; a rebuild writes to a temporary sibling and renames it in, so
@@ -114,7 +121,8 @@ def build(name: str, out: str | os.PathLike | None = None, seed: int = 0, force:
         raise OSError(f"cannot write zoo model to {target}: {e.strerror or e}. "
                       f"Pass out= a writable directory or set MLAB_ZOO_DIR.") from e
     try:
-        _build_into(tmp, name, spec, seed, fingerprint)
+        with quiet(progress), torch.inference_mode(False), torch.enable_grad():
+            _build_into(tmp, name, spec, seed, fingerprint, progress)
         _replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -195,7 +203,7 @@ def _replace_dir(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str) -> None:
+def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str, progress: bool = True) -> None:
     import transformers
 
     if spec.gguf is not None:
@@ -213,7 +221,7 @@ def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str
                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    loss = _train_briefly(model, tokenizer, texts, spec, seed, label=f"building {name}")
+    loss = _train_briefly(model, tokenizer, texts, spec, seed, label=f"building {name}", progress=progress)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     _write_meta(tmp, {"name": name, "seed": seed, "fingerprint": fingerprint, "description": spec.description,
@@ -230,7 +238,7 @@ def _write_meta(tmp: Path, meta: dict) -> None:
 
 
 def _train_briefly(model: torch.nn.Module, tokenizer, texts: list[str], spec: ZooSpec, seed: int,
-                   label: str = "training") -> float:
+                   label: str = "training", progress: bool = True) -> float:
     """A few AdamW steps of next-token prediction on packed corpus text; returns last loss."""
     ids = torch.tensor(tokenizer("\n".join(texts))["input_ids"])  # [T]
     seq, batch = spec.train["seq"], spec.train["batch"]
@@ -238,7 +246,7 @@ def _train_briefly(model: torch.nn.Module, tokenizer, texts: list[str], spec: Zo
     opt = torch.optim.AdamW(model.parameters(), lr=spec.train["lr"], weight_decay=0.0)
     model.train()
     loss = torch.tensor(float("nan"))
-    for _ in tqdm(range(spec.train_steps), desc=label, unit="step", leave=False):
+    for _ in tqdm(range(spec.train_steps), desc=label, unit="step", leave=False, disable=not progress):
         starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
         x = torch.stack([ids[s:s + seq] for s in starts.tolist()])  # [B, S]
         loss = model(input_ids=x, labels=x).loss

@@ -10,7 +10,7 @@ from minirl.engine import Engine, Knobs, SamplingParams
 from minirl.engine.checkpoint import read_config, read_safetensors
 from minirl.rollout import Rollout
 from minirl.train_config import TrainConfig
-from minirl.trainer import train
+from minirl.driver import train
 from minirl.trainer_forward import trainer_logprobs
 
 __all__ = ["Engine", "Knobs", "Rollout", "SamplingParams", "TrainConfig", "read_config", "read_safetensors",

@@ -1,7 +1,9 @@
-"""Run modes over one driver: ``sync``, ``async`` (1-step-off) and ``ray``.
+"""The producer-consumer driver behind ``mode: async`` (1-step-off) and ``mode: ray``.
 
-    >>> from minirl.async_loop import LoopConfig, run
-    >>> result = run(train_config, LoopConfig(mode="async"))
+    >>> result = minirl.train({**config, "mode": "async", "max_staleness": 1})
+
+``minirl.train`` calls ``run`` for these modes; ``run`` with ``mode: sync`` is the same schedule in
+lockstep (``max_staleness`` taken as 0), which the tests compare the other modes against.
 
 The driver is AsyncFlow's producer-consumer workflow (§4): a producer fills the TransferQueue
 (§3) with step j's prompts, rollouts and rewards, sample by sample; the consumer (the learner)
@@ -25,34 +27,35 @@ from pathlib import Path
 
 
 from minirl.learner import Learner
-from minirl.pipeline import COLUMNS, LoopConfig, LoopResult, admit_prompts, learn_on, queue_config
+from minirl.pipeline import COLUMNS, LoopResult, admit_prompts, learn_on, queue_config, staleness
 from minirl.reward_worker import RewardWorker
 from minirl.run_log import RunLog
 from minirl.timeline import Timeline
 from minirl.train_config import TrainConfig
 from minirl.transfer_queue import LocalTransferQueue
 
-def run(train: TrainConfig, loop: LoopConfig, resume: bool = False, on_dispatch=None) -> LoopResult:  # noqa: ANN001
-    """Train ``train.steps`` steps the way ``loop`` says; ``resume`` continues from
+
+def run(train: TrainConfig, resume: bool = False, on_dispatch=None) -> LoopResult:  # noqa: ANN001
+    """Train ``train.steps`` steps in ``train.mode``; ``resume`` continues from
     ``<out_dir>/checkpoint``. ``on_dispatch(actor, indices)`` (Ray only) is called as work is
     handed to a rollout actor: the hook fault-injection experiments kill actors from."""
-    if loop.mode == "ray":
+    if train.mode == "ray":
         from minirl.ray_actors import RayBackend
 
-        backend = RayBackend(train, loop, on_dispatch)
+        backend = RayBackend(train, on_dispatch)
     else:
-        backend = LocalBackend(train, loop)
+        backend = LocalBackend(train)
     try:
-        return drive(backend, train, loop, resume)
+        return drive(backend, train, resume)
     finally:
         backend.close()
 
 
-def drive(backend, train: TrainConfig, loop: LoopConfig, resume: bool) -> LoopResult:  # noqa: ANN001
+def drive(backend, train: TrainConfig, resume: bool) -> LoopResult:  # noqa: ANN001
     """The producer-consumer schedule (§4.2.2), the same for every backend."""
-    ckpt, s = Path(train.out_dir) / "checkpoint", loop.staleness
+    ckpt, s = Path(train.out_dir) / "checkpoint", staleness(train)
     first, rows = backend.restore(ckpt) if resume and (ckpt / "state.json").exists() else (0, [])
-    log = RunLog(Path(train.out_dir) / "async_metrics.nc", rows)
+    log = RunLog(Path(train.out_dir) / "metrics.nc", rows)
     hist: Counter[int] = Counter()
     backend.publish(first)
     launched, start = {}, time.time()
@@ -75,20 +78,21 @@ def drive(backend, train: TrainConfig, loop: LoopConfig, resume: bool) -> LoopRe
                 backend.save(ckpt, k + 1, log.rows)
     wall = time.time() - start
     done = (train.steps - first) * train.prompts_per_step * train.group_size
-    return LoopResult(log.rows, backend.timeline, backend.queue.stats(), dict(sorted(hist.items())), wall,
-                      done / wall if wall > 0 else 0.0)
+    return LoopResult(Path(train.out_dir), log.path, log.rows, backend.model, backend.timeline, backend.queue.stats(),
+                      dict(sorted(hist.items())), wall, done / wall if wall > 0 else 0.0)
 
 
 class LocalBackend:
     """``sync``/``async`` in one process: the producer thread owns the rollout engine, the
     calling thread owns the learner; weights cross as published state-dict snapshots."""
 
-    def __init__(self, train: TrainConfig, loop: LoopConfig) -> None:
-        self.train, self.loop = train, loop
-        self.learner = Learner(train, max_staleness=loop.staleness)
+    def __init__(self, train: TrainConfig) -> None:
+        self.train = train
+        self.learner = Learner(train, max_staleness=staleness(train))
         self.engine = self.learner.engine
-        self.rewards = RewardWorker(self.learner.trainer.task, self.learner.trainer.tokenizer, loop.reward_timeout_s)
-        self.queue = LocalTransferQueue(queue_config(loop))
+        self.model = self.learner.trainer.model
+        self.rewards = RewardWorker(self.learner.trainer.task, self.learner.trainer.tokenizer, train.reward_timeout_s)
+        self.queue = LocalTransferQueue(queue_config(train))
         self.timeline = Timeline()
         self.weights: dict[int, dict] = {}
         self.engine_version: int | None = None
@@ -99,7 +103,7 @@ class LocalBackend:
         t = time.perf_counter()
         with self.timeline.span("sync", version):
             self.weights[version] = self.learner.state_dict()
-        for v in [v for v in self.weights if v < version - self.loop.staleness]:
+        for v in [v for v in self.weights if v < version - staleness(self.train)]:
             del self.weights[v]
         return time.perf_counter() - t
 
@@ -120,7 +124,7 @@ class LocalBackend:
 
     def learn(self, step: int) -> tuple[dict, dict[int, int]]:
         samples = self.queue.get("train", COLUMNS, self.train.prompts_per_step, group=step,
-                                 timeout=self.loop.sample_timeout_s)
+                                 timeout=self.train.sample_timeout_s)
         with self.timeline.span("train", step):
             return learn_on(self.learner, step, samples, self.train.prompts_per_step)
 

@@ -1,6 +1,6 @@
-"""What every run mode shares (``sync``, ``async``, ``ray``): the loop config, the TransferQueue
-columns and consumers, how a step's prompts are admitted and how the learner trains on the
-samples that arrived. Split from ``async_loop`` so the Ray backend (``ray_actors``) and the
+"""What every run mode of the producer-consumer driver shares (``async``, ``ray``; ``sync`` is
+its lockstep case, ``max_staleness = 0``): the TransferQueue columns and consumers, how a step's
+prompts are admitted and how the learner trains on the samples that arrived. Split from ``async_loop`` so the Ray backend (``ray_actors``) and the
 in-process one build on the same pieces without importing each other.
 """
 
@@ -15,84 +15,33 @@ from minirl import SamplingParams
 from minirl.learner import Learner
 from minirl.reward_worker import Scores
 from minirl.train_config import TrainConfig
+from minirl.trainer import TrainResult
 from minirl.timeline import Timeline
 from minirl.transfer_queue import QueueConfig, Sample, TransferQueue
 
-MODES = ("sync", "async", "ray")
-DISPATCH = ("fifo", "longest_first")
 COLUMNS = ("prompt", "rollouts", "reward")
 CONSUMERS = ("rollout", "reward", "train")
 
 
-@dataclass
-class LoopConfig:
-    """How the RL step is executed (what it computes is ``TrainConfig``)."""
-
-    mode: str = "sync"
-    """``sync`` (lockstep, in process), ``async`` (producer thread up to ``max_staleness`` steps
-    ahead, §4.2.2) or ``ray`` (actors; lockstep with ``max_staleness=0``)."""
-    max_staleness: int = 1
-    """most updates a trained token may lag the learner (AsyncFlow §4.2.1: one step costs no
-    convergence); ignored by ``sync`` (always 0)."""
-    reward_timeout_s: float = 30.0
-    """a verifier call slower than this gives reward 0 and is counted (``reward_timeouts``)."""
-    sample_timeout_s: float = 600.0
-    """a sample not complete this long after admission is dropped and reported (§3.3)."""
-    queue_capacity: int = 1024
-    """samples (prompt groups) in flight at once: backpressure on the producer."""
-    ray_address: str | None = None
-    """``None`` starts a local cluster (``ray_num_cpus``); else ``host:port`` of a running one."""
-    ray_num_cpus: int = 2
-    rollout_actors: int = 1
-    cpus_per_actor: float = 1.0
-    """CPUs reserved by each rollout actor and the trainer actor (reward/queue actors take 0).
-    More than the cluster has is an error at start, not a queue that never runs."""
-    connect_timeout_s: float = 20.0
-    """how long to wait for ``ray_address`` to answer before failing."""
-    dispatch: str = "fifo"
-    """order in which a step's prompts go to idle rollout actors (``ray``): ``fifo``, or
-    ``longest_first``: predict each prompt's length from a short draft by the current policy and
-    hand out the longest first, so no actor is left with a long rollout at the end (CompassMax
-    §3.1.1; greedy longest-first is LPT, within 4/3 of the best makespan). Training order and
-    results do not change, only which actor generates what, and when."""
-    draft_tokens: int = 16
-    """tokens of the ``longest_first`` draft; a draft that does not end predicts ``max_new_tokens``."""
-    setup_modules: tuple[str, ...] = ()
-    """modules every Ray worker imports first (e.g. one that ``tasks.register``s a task)."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode={self.mode!r}; valid: {', '.join(MODES)}")
-        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
-            raise ValueError(f"max_staleness={self.max_staleness!r}: must be an int >= 0 (0 = synchronous, "
-                             f"1 = AsyncFlow's one-step-off delayed update)")
-        if self.dispatch not in DISPATCH:
-            raise ValueError(f"dispatch={self.dispatch!r}; valid: {', '.join(DISPATCH)}")
-        if self.draft_tokens < 1:
-            raise ValueError(f"draft_tokens={self.draft_tokens}: need >= 1")
-        if self.rollout_actors < 1:
-            raise ValueError(f"rollout_actors={self.rollout_actors}: need at least one rollout worker")
-        self.setup_modules = tuple(self.setup_modules)
-
-    @property
-    def staleness(self) -> int:
-        return 0 if self.mode == "sync" else self.max_staleness
+def staleness(train: TrainConfig) -> int:
+    """Most updates a trained token may lag: ``max_staleness``, but 0 in lockstep (``sync``)."""
+    return 0 if train.mode == "sync" else train.max_staleness
 
 
 @dataclass
-class LoopResult:
-    rows: list[dict]
-    """per-step metrics: the learner's, plus time_step, samples_per_s, time_sync, queue depth."""
-    timeline: Timeline
-    queue_stats: dict
+class LoopResult(TrainResult):
+    """``TrainResult`` plus what the producer-consumer driver measures."""
+
+    timeline: Timeline | None = None
+    queue_stats: dict = field(default_factory=dict)
     staleness_hist: dict[int, int] = field(default_factory=dict)
     """trained tokens per staleness value (updates between sampling and training)."""
     wall_s: float = 0.0
     samples_per_s: float = 0.0
 
 
-def queue_config(loop: LoopConfig) -> QueueConfig:
-    return QueueConfig(COLUMNS, CONSUMERS, loop.queue_capacity, loop.sample_timeout_s)
+def queue_config(train: TrainConfig) -> QueueConfig:
+    return QueueConfig(COLUMNS, CONSUMERS, train.queue_capacity, train.sample_timeout_s)
 
 
 def sampling(train: TrainConfig, step: int, group: int) -> SamplingParams:

@@ -1,6 +1,6 @@
 """``ray`` mode: rollout engines, reward workers and the trainer as Ray actors.
 
-The driver (``minirl.async_loop.drive``) is unchanged; this backend moves each stage into an
+The driver (``minirl.async_train.drive``) is unchanged; this backend moves each stage into an
 actor and the data into ``RayTransferQueue`` (AsyncFlow §3), so samples travel between actors
 as object refs. Weight sync is one Ray operation per update (§4.2.3): the trainer returns its
 state dict once into the object store and every rollout actor loads that same object
@@ -15,6 +15,7 @@ that was lost, and each sample is written once, so none is lost and none is trai
 from __future__ import annotations
 
 import importlib
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from ray.exceptions import RayActorError
 
 from minirl import Rollout, tasks
 from minirl.balancing import predict_lengths
-from minirl.pipeline import COLUMNS, LoopConfig, admit_prompts, learn_on, queue_config
+from minirl.pipeline import COLUMNS, admit_prompts, learn_on, queue_config, staleness
 from minirl.learner import Learner
 from minirl.ray_queue import RayTransferQueue
 from minirl.reward_worker import RewardWorker, Scores
@@ -36,17 +37,20 @@ from minirl.train_config import TrainConfig
 from minirl.transfer_queue import Sample
 
 
-def connect(loop: LoopConfig) -> None:
-    """Join ``loop.ray_address`` (failing within ``connect_timeout_s`` if nothing answers),
+def connect(train: TrainConfig) -> None:
+    """Join ``train.ray_address`` (failing within ``connect_timeout_s`` if nothing answers),
     or start a local cluster; reuse a Ray session this process already has."""
     if ray.is_initialized():
         return
-    if loop.ray_address is None:
-        ray.init(num_cpus=loop.ray_num_cpus, include_dashboard=False)
+    if train.ray_address is None:
+        # Ray gives a new raylet 30 s to register, too short on a loaded host ("The current node
+        # timed out during startup"); measured: a 2-core box at load 18 needed more than 90 s
+        os.environ.setdefault("RAY_raylet_start_wait_time_s", "240")
+        ray.init(num_cpus=train.ray_num_cpus, include_dashboard=False, log_to_driver=False)
         return
-    if loop.ray_address != "auto":
-        probe(loop.ray_address, loop.connect_timeout_s)
-    ray.init(address=loop.ray_address)
+    if train.ray_address != "auto":
+        probe(train.ray_address, train.connect_timeout_s)
+    ray.init(address=train.ray_address)
 
 
 def probe(address: str, timeout_s: float) -> None:
@@ -61,12 +65,12 @@ def probe(address: str, timeout_s: float) -> None:
                               f"ray_address=None for a local cluster") from e
 
 
-def check_cpus(loop: LoopConfig) -> None:
+def check_cpus(train: TrainConfig) -> None:
     """More actors than CPUs is an error here, not a run that waits forever for resources."""
     have = ray.cluster_resources().get("CPU", 0.0)
-    need = (loop.rollout_actors + 1) * loop.cpus_per_actor
+    need = (train.rollout_actors + 1) * train.cpus_per_actor
     if need > have:
-        raise ValueError(f"{loop.rollout_actors} rollout actors + 1 trainer at cpus_per_actor={loop.cpus_per_actor} "
+        raise ValueError(f"{train.rollout_actors} rollout actors + 1 trainer at cpus_per_actor={train.cpus_per_actor} "
                          f"need {need:g} CPUs, the Ray cluster has {have:g}; lower rollout_actors or cpus_per_actor, "
                          f"or add nodes")
 
@@ -148,31 +152,33 @@ class TrainerActor:
 
 
 class RayBackend:
-    """The ``drive`` backend for ``ray`` mode (see ``minirl.async_loop.LocalBackend``)."""
+    """The ``drive`` backend for ``ray`` mode (see ``minirl.async_train.LocalBackend``)."""
 
-    def __init__(self, train: TrainConfig, loop: LoopConfig,
+    def __init__(self, train: TrainConfig,
                  on_dispatch: Callable[[ray.actor.ActorHandle, list[int]], None] | None = None) -> None:
-        connect(loop)
-        check_cpus(loop)
-        self.train, self.loop, self.on_dispatch = train, loop, on_dispatch
-        self.trainer = TrainerActor.options(num_cpus=loop.cpus_per_actor).remote(
-            train.to_dict(), loop.staleness, loop.setup_modules, loop.cpus_per_actor)
+        connect(train)
+        check_cpus(train)
+        self.train, self.on_dispatch = train, on_dispatch
+        self.model = None  # it lives in the trainer actor
+        self.trainer = TrainerActor.options(num_cpus=train.cpus_per_actor).remote(
+            train.to_dict(), staleness(train), train.setup_modules, train.cpus_per_actor)
         self.model_path = ray.get(self.trainer.model_path.remote())
-        self.rollout = {f"rollout{i}": self._new_rollout() for i in range(loop.rollout_actors)}
+        self.rollout = {f"rollout{i}": self._new_rollout() for i in range(train.rollout_actors)}
         self.reward = self._new_reward()
-        self.queue = RayTransferQueue(queue_config(loop))
+        self.queue = RayTransferQueue(queue_config(train))
         self.timeline = Timeline()
         self.weights: dict[int, ray.ObjectRef] = {}
         self.loaded: dict[str, int | None] = dict.fromkeys(self.rollout)
         self.restarts = 0
 
     def _new_rollout(self) -> ray.actor.ActorHandle:
-        return RolloutActor.options(num_cpus=self.loop.cpus_per_actor).remote(
-            self.model_path, self.train.engine, self.train.engine_dtype, self.loop.setup_modules, self.loop.cpus_per_actor)
+        return RolloutActor.options(num_cpus=self.train.cpus_per_actor).remote(
+            self.model_path, self.train.engine, self.train.engine_dtype, self.train.setup_modules,
+            self.train.cpus_per_actor)
 
     def _new_reward(self) -> ray.actor.ActorHandle:
-        return RewardActor.remote(self.train.to_dict(), self.model_path, self.loop.reward_timeout_s,
-                                  self.loop.setup_modules)
+        return RewardActor.remote(self.train.to_dict(), self.model_path, self.train.reward_timeout_s,
+                                  self.train.setup_modules)
 
     def publish(self, version: int) -> float:
         """One ``put`` of the weights (the trainer's return value lands in the object store)."""
@@ -181,7 +187,7 @@ class RayBackend:
             ref = self.trainer.state_dict.remote()
             ray.wait([ref], fetch_local=False)
         self.weights[version] = ref
-        for v in [v for v in self.weights if v < version - self.loop.staleness]:
+        for v in [v for v in self.weights if v < version - staleness(self.train)]:
             del self.weights[v]
         return time.perf_counter() - t
 
@@ -192,7 +198,7 @@ class RayBackend:
         pending: list = []  # prompt samples taken from the queue, not yet dispatched
         predicted: dict[int, int] = {}
         while True:
-            pending += self.queue.get("rollout", ("prompt",), self.loop.queue_capacity, group=step)
+            pending += self.queue.get("rollout", ("prompt",), self.train.queue_capacity, group=step)
             self._order(pending, predicted, idle, version, loads)
             while idle and pending:
                 got, name = pending.pop(0), idle.pop(0)
@@ -234,12 +240,12 @@ class RayBackend:
         """Sort ``pending`` in dispatch order: by sample index (``fifo``), or longest predicted
         completion first (``longest_first``; new samples are drafted by an idle actor, on the
         weights of ``version``)."""
-        if self.loop.dispatch == "longest_first":
+        if self.train.dispatch == "longest_first":
             new = [x for x in pending if x.index not in predicted]
             if new and idle:
                 self._load(idle[0], version, loads)
                 lengths = ray.get(self.rollout[idle[0]].predict_lengths.remote(
-                    self.loop.draft_tokens, *(x.data["prompt"] for x in new)))
+                    self.train.draft_tokens, *(x.data["prompt"] for x in new)))
                 predicted.update(zip((x.index for x in new), lengths))
             pending.sort(key=lambda x: (-predicted.get(x.index, 0), x.index))
         else:
@@ -257,7 +263,7 @@ class RayBackend:
 
     def learn(self, step: int) -> tuple[dict, dict[int, int]]:
         samples = self.queue.get("train", COLUMNS, self.train.prompts_per_step, group=step,
-                                 timeout=self.loop.sample_timeout_s)
+                                 timeout=self.train.sample_timeout_s)
         with self.timeline.span("train", step):
             metrics, hist = ray.get(self.trainer.learn.remote(step, samples, self.train.prompts_per_step))
         return {**metrics, "actor_restarts": float(self.restarts)}, hist

@@ -3,10 +3,15 @@
 Crash safety: after every step the whole log is written to a temporary file and renamed over
 the previous one (``os.replace`` is atomic), so a run killed at any point leaves the last
 complete log readable. Logs are small (one row of floats per step), so rewriting is cheap.
+
+Besides the rows, a log keeps *events*: what happened to the run itself at a step (a value
+changed on resume, a checkpoint recovered), in the dataset attribute ``events`` (JSON list of
+``{"step": N, "event": text}``), so a curve's kink can be traced to its cause.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -34,9 +39,15 @@ PANELS = {
 class RunLog:
     """Rows of ``{metric: float}`` keyed by step, mirrored to ``path`` after each ``append``."""
 
-    def __init__(self, path: str | os.PathLike, rows: list[dict] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, rows: list[dict] | None = None,
+                 events: list[dict] | None = None) -> None:
         self.path = Path(path)
         self.rows: list[dict] = [dict(r) for r in rows or []]
+        self.events: list[dict] = [dict(e) for e in events or []]
+
+    def note(self, step: int, event: str) -> None:
+        """Record ``event`` (one line of text) at ``step``; written with the next ``flush``."""
+        self.events.append({"step": int(step), "event": event})
 
     def append(self, step: int, metrics: dict[str, float]) -> None:
         bad = [k for k in metrics if "/" in k]
@@ -48,7 +59,9 @@ class RunLog:
     def flush(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        to_dataset(self.rows).to_netcdf(tmp, engine="h5netcdf")
+        ds = to_dataset(self.rows)
+        ds.attrs["events"] = json.dumps(self.events)
+        ds.to_netcdf(tmp, engine="h5netcdf")
         os.replace(tmp, self.path)
 
 
@@ -62,11 +75,16 @@ def to_dataset(rows: list[dict]) -> xr.Dataset:
 
 
 def load(path: str | os.PathLike) -> xr.Dataset:
-    """Read a run log (loaded into memory, the file is closed)."""
+    """Read a run log (loaded into memory, the file is closed); ``events(ds)`` lists its events."""
     import xarray as xr
 
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         return ds.load()
+
+
+def events(log: xr.Dataset) -> list[dict]:
+    """The events of a loaded log (``RunLog.note``), oldest first; [] for a log without any."""
+    return json.loads(log.attrs.get("events", "[]"))
 
 
 def plot(log: xr.Dataset | str | os.PathLike) -> list[Figure]:

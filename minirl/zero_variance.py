@@ -32,6 +32,13 @@ def is_zero_variance(rewards: Sequence[float] | torch.Tensor) -> bool:
     return r.numel() < 2 or bool((r == r[0]).all())
 
 
+def zero_variance_rate(group_rewards: Sequence[Sequence[float]]) -> float:
+    """Share of groups whose rewards are all equal (they teach GRPO nothing)."""
+    if not group_rewards:
+        raise ValueError("zero_variance_rate() needs at least one group's rewards")
+    return sum(is_zero_variance(r) for r in group_rewards) / len(group_rewards)
+
+
 @dataclass
 class FilterResult(Generic[G]):
     groups: list[G]  # at most ``target`` groups with non-zero reward variance
@@ -82,19 +89,26 @@ class ZeroVarianceMonitor:
             raise ValueError("need 1 <= n_min <= n <= n_max, 0 <= low < high <= 1, factor >= 2, 0 < ema <= 1")
 
     def update(self, group_rewards: Sequence[Sequence[float]]) -> dict[str, float]:
-        """Record one step's groups; returns metrics (``zero_variance/rate`` is this step's rate)
-        and moves ``n`` for the next step."""
-        if not group_rewards:
-            raise ValueError("update() needs at least one group's rewards")
-        rate = sum(is_zero_variance(r) for r in group_rewards) / len(group_rewards)
+        """Record one step's groups; returns metrics (``zero_variance_rate`` is this step's rate,
+        ``group_size`` the N it was sampled with) and moves ``n`` for the next step."""
+        return self.record(zero_variance_rate(group_rewards))
+
+    def replay(self, rates: Sequence[float]) -> None:
+        """Re-apply logged per-step rates (a resumed run): ``n`` ends where the run left it."""
+        for rate in rates:
+            self.record(rate)
+
+    def record(self, rate: float) -> dict[str, float]:
+        """One step's zero-variance rate -> metrics; moves ``n`` for the next step."""
+        sampled_with = self.n
         self.history.append(rate)
         self.smoothed = rate if self.smoothed is None else self.ema * rate + (1 - self.ema) * self.smoothed
         if self.smoothed > self.high:
             self.n = min(self.n_max, self.n * self.factor)
         elif self.smoothed < self.low:
             self.n = max(self.n_min, self.n // self.factor)
-        return {"zero_variance/rate": rate, "zero_variance/smoothed": self.smoothed,
-                "zero_variance/group_size": float(self.n)}
+        return {"zero_variance_rate": rate, "zero_variance_smoothed": self.smoothed,
+                "group_size": float(sampled_with)}
 
 
 def reshape_zero_variance_advantages(advantages: torch.Tensor, rewards: torch.Tensor,

@@ -20,14 +20,28 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under ``if TYPE_CHECKING:``: an annotation-only import is never
+    executed, so it neither layers nor closes a circle (a lazy import inside a function does)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
 def import_graph() -> dict[str, set[str]]:
-    """module -> project modules it imports (anywhere in the file, lazy imports included)."""
+    """module -> project modules it imports at run time (anywhere in the file, lazy imports
+    included; ``if TYPE_CHECKING:`` blocks excluded)."""
     modules = {module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps = set()
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _runtime_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom):

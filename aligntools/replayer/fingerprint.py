@@ -63,6 +63,12 @@ class Fingerprint:
         return (f"Fingerprint(distance={self.distance:.3g} mean |Δ logprob|, knobs differing from hf_exact: "
                 f"{changed}; {gap}; {self.evaluated} settings tried)")
 
+    def _repr_html_(self) -> str:
+        """A table in notebooks instead of the one-line repr."""
+        from aligntools.viz.tables import fingerprint_html
+
+        return fingerprint_html(self)
+
 
 def fingerprint(capture, model_path: str | os.PathLike, *, passes: int = 2, progress: bool = False,
                 allow_different_models: bool = False) -> Fingerprint:

@@ -16,12 +16,15 @@ from collections.abc import Callable
 
 from minirl.tasks.arithmetic import Arithmetic
 from minirl.tasks.base import Problem, Task, answer_text, splits
+from minirl.tasks.chat_arithmetic import ChatArithmetic
 from minirl.tasks.countdown import Countdown
 from minirl.tasks.longtail_sorting import LongTailSorting
+from minirl.tasks.python_tool import PythonTool
 from minirl.tasks.sorting import Sorting
 
 _REGISTRY: dict[str, Callable[..., Task]] = {"arithmetic": Arithmetic, "countdown": Countdown, "sorting": Sorting,
-                                               "longtail_sorting": LongTailSorting}
+                                               "longtail_sorting": LongTailSorting, "python_tool": PythonTool}
+_REGISTRY["chat_arithmetic"] = ChatArithmetic  # for instruct models: asked in words, answered in a sentence
 
 
 def register(name: str, factory: Callable[..., Task]) -> None:
@@ -42,6 +45,12 @@ def get(name: str, **kwargs) -> Task:
     return _REGISTRY[name](**kwargs)
 
 
+def uses_tools(name: str) -> bool:
+    """Whether task ``name`` is solved multi-turn with tool calls (known before it is built, so a
+    config can be checked without one); an unknown name is left to ``get`` to report."""
+    return bool(getattr(_REGISTRY.get(name), "uses_tools", False))
+
+
 def export(problems: list[Problem], path: str | os.PathLike) -> None:
     """Write problems as jsonl (prompt, answer, meta), one per line."""
     with open(path, "w") as f:
@@ -55,5 +64,5 @@ def load(path: str | os.PathLike) -> list[Problem]:
         return [Problem(**json.loads(line)) for line in f if line.strip()]
 
 
-__all__ = ["Arithmetic", "Countdown", "Problem", "Sorting", "Task", "answer_text", "export", "get", "load",
-           "names", "register", "splits"]
+__all__ = ["Arithmetic", "Countdown", "Problem", "PythonTool", "Sorting", "Task", "answer_text", "export", "get",
+           "load", "names", "register", "splits", "uses_tools"]

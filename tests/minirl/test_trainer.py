@@ -10,7 +10,7 @@ import torch
 from labs import cli
 from minirl import checkpointing, losses, run_log, tasks
 from minirl.train_config import TrainConfig
-from minirl.trainer import train
+from minirl.driver import train
 
 
 def _comparable(rows):

@@ -103,7 +103,7 @@ def test_rl_step_with_r3_replays_vllm_routing(zoo, tmp_path, vllm_llm):
 def test_c3po_loop_runs_on_vllm_with_prefix_caching(zoo, tmp_path):
     """C3PO++ resumes are new requests over prompt + tokens so far: with vLLM's prefix cache on
     they reuse the KV of the earlier chunks, and weight sync resets that cache."""
-    from minirl.c3po_loop import train_c3po
+    from minirl.driver import train_c3po
 
     cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, engine="vllm,prefix_caching=true", prompts_per_step=4,
                  group_size=4, steps=3)

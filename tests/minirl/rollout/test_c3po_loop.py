@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minirl import Rollout, SamplingParams
-from minirl.c3po_loop import train_c3po
+from minirl.driver import train_c3po
 
 
 class GeometricEngine:
@@ -72,5 +72,5 @@ def test_group_members_share_their_problem(quick_config):
 
 
 def test_r3_is_refused(quick_config):
-    with pytest.raises(ValueError, match="router_replay='r3' with C3PO"):
+    with pytest.raises(ValueError, match="rollout: c3po with router_replay: r3 does not combine"):
         train_c3po(quick_config(router_replay="r3"), token_budget=16)

@@ -13,7 +13,7 @@ import torch
 from minirl import Rollout, SamplingParams
 from minirl.roc import roc_select
 from minirl.sandbox import MAX_RESPONSE_CHARS, ToolResult
-from minirl.tool_task import reward, sample_problems
+from minirl.tasks.python_tool import reward, sample_problems
 from minirl.tools import multi_turn_rollout, parse_tool_call
 
 

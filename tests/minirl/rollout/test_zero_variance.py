@@ -26,7 +26,7 @@ def test_dynamic_filter_refills_and_caps() -> None:
 def test_monitor_rate_and_adaptive_n() -> None:
     mon = ZeroVarianceMonitor(n=8, n_max=32)
     m = mon.update([[1, 1, 1], [0, 1, 0], [0, 0, 0], [1, 0, 1]])
-    assert m["zero_variance/rate"] == 0.5 and mon.n == 16
+    assert m["zero_variance_rate"] == 0.5 and m["group_size"] == 8 and mon.n == 16
     mon.update([[1, 1], [1, 1]])
     assert mon.n == 32
     mon.update([[1, 1]])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minirl.async_loop import LoopConfig, run
+from minirl.async_loop import run
 from minirl.train_config import TrainConfig
 
 
@@ -24,8 +24,8 @@ def make_cfg(zoo, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sync_rows(make_cfg):
-    """Per-step metrics of the reference run: ``sync`` in process, 2 steps."""
-    return run(make_cfg(), LoopConfig(mode="sync")).rows
+    """Per-step metrics of the reference run: the driver in lockstep (``mode: sync``), 2 steps."""
+    return run(make_cfg(mode="sync")).rows
 
 
 def same_metrics(a: list[dict], b: list[dict]) -> None:

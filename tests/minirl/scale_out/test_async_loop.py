@@ -10,13 +10,14 @@ import torch
 from matplotlib.figure import Figure
 
 from minirl import tasks
-from minirl.async_loop import LocalBackend, LoopConfig, run
+from minirl.async_loop import LocalBackend, run
 from minirl.reward_worker import RewardWorker
 from minirl.timeline import staleness_figure
+from minirl.train_config import TrainConfig
 
 
 def test_async_stays_within_max_staleness(make_cfg, sync_rows):
-    result = run(make_cfg(steps=3), LoopConfig(mode="async", max_staleness=1))
+    result = run(make_cfg(steps=3, mode="async", max_staleness=1))
     assert set(result.staleness_hist) == {0, 1}  # step 0 is fresh, later steps are one update old
     assert all(r["staleness_max"] <= 1 for r in result.rows)
     assert result.rows[0]["loss"] == sync_rows[0]["loss"]  # same weights for step 0
@@ -26,7 +27,7 @@ def test_async_stays_within_max_staleness(make_cfg, sync_rows):
 
 
 def test_learner_refuses_tokens_older_than_max_staleness(make_cfg):
-    learner = LocalBackend(make_cfg(), LoopConfig(mode="async", max_staleness=1)).learner
+    learner = LocalBackend(make_cfg(mode="async", max_staleness=1)).learner
     learner.version = 5
     with pytest.raises(RuntimeError, match="over max_staleness=1"):
         learner.learn(5, [], torch.zeros(0), [torch.tensor([3, 4])])
@@ -35,13 +36,13 @@ def test_learner_refuses_tokens_older_than_max_staleness(make_cfg):
 def test_max_staleness_must_be_a_nonnegative_int():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_staleness"):
-            LoopConfig(mode="async", max_staleness=bad)
+            TrainConfig(mode="async", max_staleness=bad)
     with pytest.raises(ValueError, match="dispatch='lpt'; valid: fifo, longest_first"):
-        LoopConfig(mode="ray", dispatch="lpt")
+        TrainConfig(mode="ray", dispatch="lpt")
     with pytest.raises(ValueError, match="draft_tokens=0"):
-        LoopConfig(mode="ray", dispatch="longest_first", draft_tokens=0)
+        TrainConfig(mode="ray", dispatch="longest_first", draft_tokens=0)
     with pytest.raises(ValueError, match="mode="):
-        LoopConfig(mode="fast")
+        TrainConfig(mode="fast")
 
 
 class _Tok:

@@ -4,15 +4,18 @@ keeps its invariants, and bad cluster settings fail clearly and fast."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from minirl.async_loop import LoopConfig, run  # noqa: E402
+from minirl.async_loop import run  # noqa: E402
 from minirl.ray_actors import check_cpus, probe  # noqa: E402
 from minirl.ray_queue import RayTransferQueue  # noqa: E402
+from minirl.train_config import TrainConfig  # noqa: E402
 from minirl.transfer_queue import QueueConfig  # noqa: E402
 
 from .conftest import same_metrics  # noqa: E402
@@ -20,6 +23,7 @@ from .conftest import same_metrics  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "240")  # as minirl.ray_actors.connect does
     for attempt in range(3):  # Ray gives its raylet a fixed 30 s to register: too short on a loaded host
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -33,14 +37,14 @@ def cluster():
 
 
 def test_ray_with_one_rollout_actor_matches_sync(make_cfg, sync_rows):
-    result = run(make_cfg(), LoopConfig(mode="ray", max_staleness=0, rollout_actors=1))
+    result = run(make_cfg(mode="ray", max_staleness=0, rollout_actors=1))
     same_metrics(sync_rows, result.rows)
     assert {"rollout0", "reward", "train", "sync"} <= set(result.timeline.busy_idle())
 
 
 # 50-80 s on 2 cores (two Ray runs, an actor restart and a resume): in the default run, it is the fault test
 def test_killed_rollout_actor_loses_nothing_then_resume_reproduces_the_run(make_cfg, sync_rows):
-    cfg = make_cfg(steps=1, checkpoint_every=1)
+    cfg = make_cfg(steps=1, checkpoint_every=1, mode="ray", max_staleness=0, rollout_actors=2, cpus_per_actor=0.5)
     killed = []
 
     def kill_first(actor, indices):
@@ -48,15 +52,13 @@ def test_killed_rollout_actor_loses_nothing_then_resume_reproduces_the_run(make_
             killed.append(indices)
             ray.kill(actor)  # mid-step: it holds a sample it will never return
 
-    loop = LoopConfig(mode="ray", max_staleness=0, rollout_actors=2, cpus_per_actor=0.5)
-    first = run(cfg, loop, on_dispatch=kill_first)
+    first = run(cfg, on_dispatch=kill_first)
     stats = first.queue_stats
     assert killed and stats["given_back"] == 1 and first.rows[0]["actor_restarts"] == 1
     assert stats["admitted"] == stats["retired"] == cfg.prompts_per_step and not stats["timed_out"]
     same_metrics(sync_rows[:1], first.rows)  # regenerated group == lost group: each sample once
 
-    cfg.steps = 2
-    resumed = run(cfg, LoopConfig(mode="ray", max_staleness=0), resume=True)
+    resumed = run(dataclasses.replace(cfg, steps=2, rollout_actors=1, cpus_per_actor=1.0), resume=True)
     same_metrics(sync_rows, resumed.rows)
 
 
@@ -64,9 +66,9 @@ def test_longest_first_dispatch_changes_who_generates_not_what(make_cfg, sync_ro
     """Length-aware dispatch (CompassMax §3.1.1) over 2 rollout actors: drafts order the
     prompts longest first; every sample keeps its seed and index, so the metrics equal sync's."""
     order = []
-    loop = LoopConfig(mode="ray", max_staleness=0, rollout_actors=2, cpus_per_actor=0.5, dispatch="longest_first",
-                      draft_tokens=4)
-    result = run(make_cfg(), loop, on_dispatch=lambda actor, indices: order.extend(indices))
+    cfg = make_cfg(mode="ray", max_staleness=0, rollout_actors=2, cpus_per_actor=0.5, dispatch="longest_first",
+                   draft_tokens=4)
+    result = run(cfg, on_dispatch=lambda actor, indices: order.extend(indices))
     same_metrics(sync_rows, result.rows)
     assert sorted(order) == list(range(len(order)))  # each sample dispatched once (no faults here)
 
@@ -103,4 +105,4 @@ def test_an_address_that_does_not_answer_fails_within_30_s():
 
 def test_more_actors_than_cpus_is_an_error_not_a_queue():
     with pytest.raises(ValueError, match="need 5 CPUs, the Ray cluster has 2"):
-        check_cpus(LoopConfig(mode="ray", rollout_actors=4))
+        check_cpus(TrainConfig(mode="ray", rollout_actors=4))
