@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from minirl.transfer_queue import Controller, QueueConfig, Sample
+from minirl.transfer_queue import Controller, QueueConfig, Sample, check_timeout
 
 _POLL_S = 0.02
 
@@ -77,6 +77,7 @@ class RayTransferQueue:
 
     def admit(self, n: int, group: int, timeout: float | None = None) -> list[int]:
         """Block while full (backpressure); ``TimeoutError`` after ``timeout`` s."""
+        check_timeout(timeout, allow_none=True)  # NaN compares False: the wait would never end
         deadline = None if timeout is None else time.monotonic() + timeout
         while (ids := ray.get(self.controller.admit.remote(n, group))) is None:
             if deadline is not None and time.monotonic() > deadline:
@@ -93,6 +94,7 @@ class RayTransferQueue:
     def get(self, consumer: str, columns: tuple[str, ...], batch_size: int, group: int | None = None,
             timeout: float = 0.0) -> list[Sample]:
         """Like the local queue's ``get``; the values are ``ObjectRef``s."""
+        check_timeout(timeout, allow_none=False)
         deadline, out = time.monotonic() + timeout, []
         while True:
             got, retired, pending = ray.get(self.controller.claim.remote(consumer, columns, batch_size - len(out), group))

@@ -73,7 +73,9 @@ def parse_spec(spec: str) -> tuple[str | None, dict[str, object]]:
     bad = [x for x in items if "=" not in x]
     if bad:
         raise ValueError(f"expected option=value after the dtype in {spec!r}; got {bad}")
-    return dtype, parse_options(spec, {k.strip(): v.strip() for k, v in (x.split("=", 1) for x in items)})
+    from minirl.rollout_engine import spec_options  # the one key=value reader: a repeated key is refused
+
+    return dtype, parse_options(spec, spec_options(spec, items))
 
 
 def _to_bool(text: str) -> bool:

@@ -50,6 +50,11 @@ def test_an_engine_spec_that_repeats_an_option_is_refused_by_name(spec, key):
     if spec.startswith("minirl"):
         with pytest.raises(ValueError, match=rf"sets option '{key}' more than once \({key}=\w+,{key}=\w+\)"):
             parse_knobs(spec)
+    if spec.startswith("vllm"):  # the rollout adapter's reader of a run config's `engine: vllm,...`
+        from aligntools.adapters.vllm_engine import parse_spec
+
+        with pytest.raises(ValueError, match=rf"sets option '{key}' more than once"):
+            parse_spec(spec)
 
 
 def test_mlab_refuses_a_repeated_knob_with_exit_2(llama, tmp_path, mlab):
