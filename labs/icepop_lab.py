@@ -84,7 +84,8 @@ def train_arms(steps: int = 20, prompts_per_step: int = 8, group_size: int = 8, 
     ds = xr.Dataset.from_dataframe(pd.concat(frames).set_index(["arm", "step"]))
     ds = ds.reindex(arm=list(ARMS))
     ds.attrs = {"weight_noise": weight_noise, "engine": engine, "engine_dtype": engine_dtype, "trainer_dtype": "float32", "model": model,
-                "steps": steps, "batch": prompts_per_step * group_size, "lr": lr}
+                "steps": steps, "batch": prompts_per_step * group_size, "lr": lr,
+                "out_dir": str(root)}  # one minirl run directory per arm, for `mlab plot`
     return ds
 
 
