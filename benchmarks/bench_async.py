@@ -24,20 +24,21 @@ from pathlib import Path
 import numpy as np
 
 from labs.async_lab import config, phases, plot, predict
-from minirl.async_loop import LoopConfig, run
+from minirl.async_loop import run
 
 OUT = Path("runs/bench_async")
 
 
-def arms(ray: bool) -> dict[str, LoopConfig]:
-    """The runs to compare: in process, and (``ray``) on actors with 1 and 2 rollout actors."""
-    out = {"sync": LoopConfig(mode="sync"), "async": LoopConfig(mode="async", max_staleness=1)}
+def arms(ray: bool) -> dict[str, dict]:
+    """The runs to compare, as ``TrainConfig`` overrides: in process, and (``ray``) on actors with
+    1 and 2 rollout actors."""
+    out = {"sync": {"mode": "sync"}, "async": {"mode": "async", "max_staleness": 1}}
     if ray:
         for actors in (1, 2):  # 2 actors + trainer at 0.5 CPU each fit the 2-core cluster
             for name, s in (("lockstep", 0), ("async", 1)):
-                out[f"ray-{name}-{actors}"] = LoopConfig(mode="ray", max_staleness=s, rollout_actors=actors,
-                                                         cpus_per_actor=0.5 if actors > 1 else 1.0)
-        out["ray-async-2-longest-first"] = dataclasses.replace(out["ray-async-2"], dispatch="longest_first")
+                out[f"ray-{name}-{actors}"] = {"mode": "ray", "max_staleness": s, "rollout_actors": actors,
+                                               "cpus_per_actor": 0.5 if actors > 1 else 1.0}
+        out["ray-async-2-longest-first"] = {**out["ray-async-2"], "dispatch": "longest_first"}
     return out
 
 
@@ -60,9 +61,9 @@ def main() -> None:
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name, loop in arms(args.ray).items():
+    for name, arm in arms(args.ray).items():
         print(f"running {name} ...", flush=True)
-        results[name] = run(config(args.steps, str(OUT / name)), loop)
+        results[name] = run(dataclasses.replace(config(args.steps, str(OUT / name)), **arm))
         results[name].timeline.figure(results[name].queue_stats["depth"], title=name).savefig(OUT / f"timeline_{name}.png")
     s, a = results["sync"], results["async"]
     step = {m: statistics.mean(r["time_step"] for r in results[m].rows[1:]) for m in results}

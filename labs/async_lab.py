@@ -23,7 +23,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from labs import zoo
-from minirl.async_loop import LoopConfig, LoopResult, run
+from minirl.async_loop import LoopResult, run
 from minirl.train_config import TrainConfig
 
 PAPER_SPEEDUP = 1.59  # AsyncFlow §6.2 / Fig. 10: average throughput gain over the verl baseline
@@ -138,13 +138,12 @@ def compare(steps: int = 8, prompts_per_step: int = 8, group_size: int = 4, max_
     for mode in modes:
         cfg = dataclasses.replace(config(steps, str(root / mode)), prompts_per_step=prompts_per_step,
                                   group_size=group_size, max_new_tokens=max_new_tokens)
-        loop = LoopConfig(mode=mode, max_staleness=0 if mode == "sync" else 1)
         if mode == "ray":
             reason = _ray_unavailable()
             if reason:
                 skipped["ray"] = reason
                 continue
-        results[mode] = run(cfg, loop)
+        results[mode] = run(dataclasses.replace(cfg, mode=mode, max_staleness=0 if mode == "sync" else 1))
     return AsyncComparison(results, skipped)
 
 

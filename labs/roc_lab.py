@@ -5,7 +5,7 @@ rollouts would all be tool-free and wrong. ``ScriptedToolPolicy`` is a tabular s
 with the decisions that matter for Fig. 4 (call the tool cleanly, call it with a bug, send a
 malformed call, guess without a tool; after an error: fix, repeat the bug, or guess). It
 speaks through the real environment: ``minirl.tools.multi_turn_rollout`` parses its calls,
-``minirl.sandbox.run_python`` runs them (four outcomes), ``minirl.tool_task.reward`` scores the
+``minirl.sandbox.run_python`` runs them (four outcomes), ``minirl.tasks.python_tool.reward`` scores the
 answer (outcome-only, Eq. 3), ``minirl.roc.roc_select`` picks G of 2G. Only the learner is a
 toy: a policy gradient on the table instead of a transformer.
 
@@ -33,7 +33,8 @@ from minirl import SamplingParams
 from minirl.roc import roc_select
 from minirl.rollout import Rollout
 from minirl.sandbox import ToolResult, run_python
-from minirl.tool_task import ArithmeticProblem, reward, sample_problems
+from minirl.tasks import Problem
+from minirl.tasks.python_tool import reward, sample_problems
 from minirl.tools import ToolTrajectory, multi_turn_rollout
 
 ACTIONS = {"start": ("clean", "buggy", "malformed", "guess"), "after_error": ("fix", "buggy", "guess")}
@@ -131,7 +132,7 @@ def _cached_run(code: str, timeout_s: float, memory_mb: int) -> ToolResult:
     return run_python(code, timeout_s, memory_mb)
 
 
-def rollouts(policy: ScriptedToolPolicy, problems: list[ArithmeticProblem], n: int) -> list[list[ToolTrajectory]]:
+def rollouts(policy: ScriptedToolPolicy, problems: list[Problem], n: int) -> list[list[ToolTrajectory]]:
     """``n`` multi-turn trajectories per problem through the real tool environment; [problem][n]."""
     prompts = [encode(p.prompt) for p in problems for _ in range(n)]
     trajs = multi_turn_rollout(policy, encode, decode, prompts, SamplingParams(max_new_tokens=256),
