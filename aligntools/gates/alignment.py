@@ -8,7 +8,7 @@ float64, and the error of the training engine's own dtype against that float64 r
 
     err(train vs infer) <= k * err(train vs train@float64) + atol(dtype)
 
-with k and atol per dtype of the compared pair (``aligntools.tolerance.DTYPE_RULES``: k = 2
+with k and atol per dtype of the compared pair (``aligntools.analyzer.tolerance.DTYPE_RULES``: k = 2
 for float32, 3 for half types) - the rule of PyTorch Dynamo's ``same()``
 (torch/_dynamo/utils.py: ``res_error <= multiplier * ref_error + tol / 10`` against an
 fp64 reference, ``multiplier`` 2.0, 3.0 for low precision). The same rule bounds the routing

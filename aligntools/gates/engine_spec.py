@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-HF_DTYPES = ("float32", "bfloat16", "float16")
+HF_DTYPES = ("float32", "bfloat16", "float16", "float64")
 MINIRL_PRESETS = ("aligned", "typical", "hf_exact")  # Knobs classmethods: aligned(), typical_inference(), hf_exact()
 ENGINES = ("hf", "minirl", "vllm")
 HF_OPTIONS = {"attn": ("eager", "sdpa"), "experts": ("eager", "grouped_mm", "batched_mm")}

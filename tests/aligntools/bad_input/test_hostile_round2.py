@@ -169,3 +169,11 @@ def test_mlab_checks_gpt2_ids_against_its_n_positions(gpt2, tmp_path, mlab):
     (tmp_path / "ids.json").write_text(str([list(range(40))]))
     code, _, err = mlab("capture", "--model", gpt2, "--ids", tmp_path / "ids.json", "--out", tmp_path / "c.nc")
     assert code == 2 and "over the model's max_position_embeddings 32" in err, err
+
+
+def test_hf_float64_is_a_dtype_like_the_help_says():
+    """``--help`` calls the part after ``hf:`` a DTYPE and ``--dtype float64`` worked, yet
+    ``hf:float64`` was refused as an unknown preset."""
+    assert parse_engine_spec("hf:float64") == ("hf", "float64", {})
+    with pytest.raises(ValueError, match="unknown hf preset 'float8'"):
+        parse_engine_spec("hf:float8")
