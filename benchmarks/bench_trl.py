@@ -3,11 +3,15 @@
     .venv/bin/pip install -c requirements.txt -r requirements-bench.txt   # trl and what it adds
     MLAB_ZOO_DIR=.zoo .venv/bin/python benchmarks/bench_trl.py [--steps 10] [--threads N]
         [--task longtail_sorting --max-new-tokens 32]   # longer completions: generation matters
+        [--model smollm2-135m --engines bf16,trl --memory-repeats 1]   # the real model, fewer blocks
 
 Why: minirl claims to be a *fast* small RL engine; the honest check is a mainstream trainer doing
 the same work in the same run on the same box. Both get the SFT-warmed zoo Qwen3-MoE, the same
-1-digit arithmetic prompts (same token ids: TRL sees ``bos + prompt`` as raw text, exactly
-minirl's ``encode``), minirl's verifier as reward, 8 prompts x 8 samples, <= 8 new tokens (options),
+1-digit arithmetic prompts (same token ids: TRL sees as raw text exactly what minirl's ``encode``
+tokenises, ``bos + prompt`` or the chat template's text), minirl's verifier as reward, 8 prompts
+x 8 samples, <= 8 new tokens (options). ``--model smollm2-135m`` (the real instruct model) runs
+the issue's step instead: ``chat_arithmetic`` (2-digit ± 1-digit) in its chat template, no SFT warm-up,
+<= 32 new tokens;
 temperature 1, lr 1e-3, no KL, no MoE aux loss, fp32 training, 2 AdamW steps per RL step (minirl
 ``minibatches=2``; TRL 32 completions per optimizer step, ``steps_per_generation=2``).
 
@@ -24,10 +28,8 @@ plus another process wait on each other at every op, and steps get 10-100x slowe
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -45,11 +47,14 @@ from transformers import TrainerCallback  # noqa: E402
 
 from labs import zoo  # noqa: E402
 from minirl import tasks  # noqa: E402
-from minirl.sft import encode  # noqa: E402
+from bench_rl import REAL, reset_peak, rss_kb  # noqa: E402
+from minirl.sft import encode, uses_chat  # noqa: E402
 from minirl.train_config import TrainConfig  # noqa: E402
 from minirl.trainer import Trainer, resolve_model  # noqa: E402
 
 ENGINES = ("minirl (bfloat16)", "minirl (float32)", "TRL GRPOTrainer")
+SHORT = dict(zip(("bf16", "fp32", "trl"), ENGINES))
+"""``--engines`` names."""
 PHASES = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
 SETTINGS = dict(task="arithmetic", task_kwargs={"digits": 1}, sft_steps=100, prompts_per_step=8, group_size=8,
                 max_new_tokens=8, temperature=1.0, lr=1e-3, kl_coef=0.0, minibatches=2, eval_every=0,
@@ -62,14 +67,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--task", default="arithmetic", help="a minirl task (arithmetic uses 1 digit)")
     parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--model", default="tiny-qwen3-moe", help="zoo name (smollm2-135m: the issue's real step)")
+    parser.add_argument("--engines", default="bf16,fp32,trl", help="comma list of bf16, fp32, trl (trl and one of the others)")
+    parser.add_argument("--memory-repeats", type=int, default=3, help="fresh processes per peak-memory median")
     parser.add_argument("--peak-memory", choices=("minirl", "trl"), help=argparse.SUPPRESS)  # child process
     parser.add_argument("--batch", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     SETTINGS.update(task=args.task, task_kwargs={"digits": 1} if args.task == "arithmetic" else {},
                     max_new_tokens=args.max_new_tokens)
+    if args.model == "smollm2-135m":
+        SETTINGS.update(REAL)
+    engines = tuple(SHORT.get(e.strip(), e.strip()) for e in args.engines.split(","))
+    if not set(engines) <= set(ENGINES) or ENGINES[2] not in engines or len(set(engines)) < 2:
+        parser.error(f"--engines {args.engines!r}: a comma list of {', '.join(SHORT)}: trl and at least one of "
+                     f"bf16, fp32")
     if args.threads:
         torch.set_num_threads(args.threads)
-    base = zoo.build("tiny-qwen3-moe")
+    base = zoo.build(args.model)
     if args.peak_memory:
         print(json.dumps(peak_update(args.peak_memory, base, args.batch)))
         return
@@ -77,23 +91,27 @@ def main() -> None:
         parser.error("--steps must be >= 2 (the first step of a block is warm-up and not timed)")
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        rows, counts, batch = measure(base, args.steps, tmp)
+        rows, counts, batch = measure(base, args.steps, tmp, engines)
         torch.save(batch, f"{tmp}/batch.pt")
-        print("[7/7] peak update memory: 3 fresh subprocesses each", file=sys.stderr)
+        print(f"[{2 * len(engines) + 1}/{2 * len(engines) + 1}] peak update memory: {args.memory_repeats} fresh "
+              f"subprocesses each", file=sys.stderr)
         child = [sys.executable, __file__, "--batch", f"{tmp}/batch.pt", "--threads", str(torch.get_num_threads()),
-                 "--task", args.task, "--max-new-tokens", str(args.max_new_tokens)]
+                 "--task", args.task, "--max-new-tokens", str(args.max_new_tokens), "--model", args.model]
         mem = {w: statistics.median(json.loads(subprocess.run([*child, "--peak-memory", w], check=True, text=True,
-                                                              capture_output=True).stdout.split()[-1]) for _ in range(3))
+                                                              capture_output=True).stdout.split()[-1])
+                                    for _ in range(args.memory_repeats))
                for w in ("minirl", "trl")}
-    print(f"\nRL step = {args.task}, 8 prompts x 8 samples, <= {args.max_new_tokens} new tokens, 2 AdamW steps, "
+    print(f"\nRL step = {base.name}, {SETTINGS['task']}, 8 prompts x 8 samples, <= {SETTINGS['max_new_tokens']} "
+          f"new tokens, 2 AdamW steps, "
           f"fp32 trainer; CPU, "
           f"{torch.get_num_threads()} torch threads, load average {load[0]:.2f} -> {os.getloadavg()[0]:.2f}; "
-          f"median of 2 x {args.steps - 1} steps (blocks ABC CBA, first step of each dropped)")
+          f"median of 2 x {args.steps - 1} steps (blocks {'-'.join(e[:9] for e in engines)} and back, first step "
+          f"of each dropped)")
     print(f"TRL completions per generation: {[n for n, _ in counts]}")
-    report(rows, mem)
+    report(rows, mem, args.memory_repeats)
 
 
-def report(rows: dict[str, list[dict]], mem: dict[str, float]) -> None:
+def report(rows: dict[str, list[dict]], mem: dict[str, float], repeats: int = 3) -> None:
     """The table: medians, TRL's s/step over each row's, minirl's phase split, peak update memory."""
     med = {name: {k: statistics.median(r[k] for r in rs) for k in ("s_step", "length", *PHASES) if k in rs[0]}
            for name, rs in rows.items()}
@@ -106,26 +124,31 @@ def report(rows: dict[str, list[dict]], mem: dict[str, float]) -> None:
         print(f"{name:<18} {r['s_step']:7.3f} {trl / r['s_step']:7.2f}x {r['length']:9.2f} {split} {peak:16.1f}")
     print("TRL/this: TRL's s/step over this row's (> 1: faster than TRL). Peak update MiB: peak RSS (VmHWM) growth\n"
           "over RSS before one update (old logprobs + 2 AdamW steps) on the same 64 sequences (minirl's step-0\n"
-          "rollouts; TRL replays them via rollout_func), median of 3 fresh processes; engine dtype does not enter it.")
+          f"rollouts; TRL replays them via rollout_func), median of {repeats} fresh processes; engine dtype does not "
+          f"enter it.")
 
 
-def measure(base: Path, steps: int, out: str) -> tuple[dict[str, list[dict]], list, tuple]:
-    """Blocks ABC CBA of ``steps`` RL steps -> per engine the timed rows (``s_step``, ``length``,
-    minirl's phases), TRL's (completions, mean tokens) per generation, minirl's step-0 batch."""
-    minirl = {name: BatchKeeper(minirl_config(base, f"{out}/{name}", engine_dtype=name[8:-1])) for name in ENGINES[:2]}
-    cfg = minirl[ENGINES[0]].cfg
+def measure(base: Path, steps: int, out: str, engines: tuple[str, ...] = ENGINES
+            ) -> tuple[dict[str, list[dict]], list, tuple]:
+    """Blocks ABC CBA (of ``engines``, TRL last) of ``steps`` RL steps -> per engine the timed rows
+    (``s_step``, ``length``, minirl's phases), TRL's (completions, mean tokens) per generation,
+    the first minirl engine's step-0 batch."""
+    minirl = {name: BatchKeeper(minirl_config(base, f"{out}/{name}", engine_dtype=name[8:-1]))
+              for name in engines if name in ENGINES[:2]}
+    cfg = next(iter(minirl.values())).cfg
     problems = tasks.splits(tasks.get(cfg.task, **cfg.task_kwargs), cfg.n_train, cfg.n_eval, cfg.seed)[0]
-    rows: dict[str, list[dict]] = {name: [] for name in ENGINES}
+    rows: dict[str, list[dict]] = {name: [] for name in engines}
     counts: list[tuple[int, float]] = []
-    for i, name in enumerate(ENGINES + ENGINES[::-1]):
-        print(f"[{i + 1}/7] {name}: {steps} RL steps", file=sys.stderr, flush=True)
+    order = [e for e in ENGINES if e in engines]
+    for i, name in enumerate(order + order[::-1]):
+        print(f"[{i + 1}/{2 * len(order) + 1}] {name}: {steps} RL steps", file=sys.stderr, flush=True)
         if name in minirl:
             rows[name] += minirl_block(minirl[name], steps)
         else:
             block, block_counts = trl_block(resolve_model(cfg), problems, steps, out)
             rows[name] += block
             counts += block_counts
-    return rows, counts, minirl[ENGINES[0]].first_batch
+    return rows, counts, next(iter(minirl.values())).first_batch
 
 
 def minirl_block(trainer: Trainer, steps: int) -> list[dict]:
@@ -165,7 +188,7 @@ def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callback
     from trl import GRPOConfig, GRPOTrainer
 
     tok = transformers.AutoTokenizer.from_pretrained(model_path)
-    by_prompt = {tok.bos_token + p.prompt: p for p in problems}
+    by_prompt = {prompt_text(tok, p.prompt): p for p in problems}
     task = tasks.get(SETTINGS["task"], **SETTINGS["task_kwargs"])
     counts: list[tuple[int, float]] = []
 
@@ -187,6 +210,13 @@ def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callback
     return trainer, counts
 
 
+def prompt_text(tok, prompt: str) -> str:
+    """The text whose tokens are minirl's prompt ids (``encode``): TRL tokenises it as is."""
+    if uses_chat(tok):
+        return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return tok.bos_token + prompt
+
+
 def minirl_config(base: Path, out: str, **extra) -> TrainConfig:
     return TrainConfig(model=str(base), out_dir=out, **SETTINGS, **extra)
 
@@ -194,10 +224,11 @@ def minirl_config(base: Path, out: str, **extra) -> TrainConfig:
 class BatchKeeper(Trainer):
     """minirl's Trainer, keeping step 0's rollouts: the batch both peak-memory runs update on."""
 
-    def learn(self, step: int, rollouts: list, rewards: torch.Tensor) -> dict[str, float]:
+    def learn(self, step: int, rollouts: list, rewards: torch.Tensor, group_size: int | None = None
+              ) -> dict[str, float]:
         if step == 0:
             self.first_batch = (self.problems(0), rollouts, rewards)
-        return super().learn(step, rollouts, rewards)
+        return super().learn(step, rollouts, rewards, group_size)
 
 
 def peak_update(which: str, base: Path, batch_file: Path) -> float:
@@ -230,17 +261,6 @@ def peak_update(which: str, base: Path, batch_file: Path) -> float:
         trainer.train()
     assert [n for n, _ in counts] == [len(rollouts)], counts
     return (mark["peak"] - mark["before"]) / 1024
-
-
-def reset_peak() -> int:
-    """Give freed heap back to the OS and reset the peak-RSS mark -> RSS now (kB)."""
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")
-    return rss_kb("VmRSS")
-
-
-def rss_kb(field: str) -> int:
-    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ def warm_start(base: str | os.PathLike, task: str, task_kwargs: dict | None = No
     answers of ``task`` (prompt tokens are not trained on). ``base`` is a checkpoint directory;
     the result (default: ``<base>-sft-<task>-<fingerprint>`` beside it) is reused when its
     fingerprint matches. ``steps=0`` returns ``base``."""
+    import transformers
+
     base = Path(base)
     if steps == 0:
         return base
@@ -38,7 +40,9 @@ def warm_start(base: str | os.PathLike, task: str, task_kwargs: dict | None = No
     weights = hashlib.sha256()
     for f in sorted(base.glob("*.safetensors")):
         weights.update(f.read_bytes())
-    key = json.dumps([SFT_FORMAT, weights.hexdigest(), task, task_kwargs, steps, seed, lr, batch], sort_keys=True)
+    chat = uses_chat(transformers.AutoTokenizer.from_pretrained(base))
+    parts = [SFT_FORMAT, weights.hexdigest(), task, task_kwargs, steps, seed, lr, batch] + (["chat"] if chat else [])
+    key = json.dumps(parts, sort_keys=True)  # "chat" only when used: base models keep their cached warm-ups
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     target = Path(out) if out is not None else base.parent / f"{base.name}-sft-{task}-{fingerprint}"
     if (target / "sft.json").exists():
@@ -57,14 +61,38 @@ def warm_start(base: str | os.PathLike, task: str, task_kwargs: dict | None = No
     return target
 
 
-def encode(tokenizer, prompt: str, completion: str | None = None) -> tuple[list[int], list[int]]:
-    """Token ids of a prompt (``bos`` + text) and of a completion (text + ``eos``), tokenised
-    separately: exactly the split a rollout has (prompt ids, then generated ids)."""
-    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
-    prompt_ids = bos + tokenizer(prompt)["input_ids"]
+def encode(tokenizer, prompt: str, completion: str | None = None, chat: bool | None = None
+           ) -> tuple[list[int], list[int]]:
+    """Token ids of a prompt and of a completion (text + ``eos``), tokenised separately: exactly
+    the split a rollout has (prompt ids, then generated ids).
+
+    ``chat``: send the prompt as one user turn of the tokenizer's chat template, ending with the
+    assistant header, because an instruct model answers in the format it was tuned on (SmolLM2
+    prompted with a raw ``Q: 59+63= A:`` answers "100" to every problem); its completion then
+    starts the assistant turn and ends with the ``eos`` that closes it. Otherwise the prompt is
+    ``bos`` + text and the completion starts with a space, the zoo models' pre-training format.
+    ``None`` (the callers' default): chat exactly when the tokenizer has a chat template (the
+    zoo's tiny models have none)."""
+    chat = uses_chat(tokenizer) if chat is None else chat
+    if chat:
+        if not uses_chat(tokenizer):
+            raise ValueError(f"chat=True but tokenizer {type(tokenizer).__name__} has no chat_template; "
+                             f"pass chat=False (or None) for a base model")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+        prompt_ids = bos + tokenizer(prompt)["input_ids"]
     if completion is None:
         return prompt_ids, []
-    return prompt_ids, tokenizer(" " + completion)["input_ids"] + [tokenizer.eos_token_id]
+    completion_ids = (tokenizer(completion, add_special_tokens=False) if chat else tokenizer(" " + completion))
+    return prompt_ids, completion_ids["input_ids"] + [tokenizer.eos_token_id]
+
+
+def uses_chat(tokenizer) -> bool:
+    """Whether ``encode`` wraps prompts in ``tokenizer``'s chat template by default."""
+    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def _train(base: Path, out: Path, task, steps: int, seed: int, lr: float, batch: int, progress: bool) -> float:

@@ -47,7 +47,7 @@ class TrainConfig:
     """task SFT warm-up steps before RL (cached), so RL starts from a policy that sometimes
     succeeds; 0 starts from ``model`` as is (e.g. a real instruct model)."""
     task: str = "arithmetic"
-    """a ``minirl.tasks`` name: arithmetic, countdown, sorting, longtail_sorting, python_tool
+    """a ``minirl.tasks`` name: arithmetic, countdown, sorting, longtail_sorting, chat_arithmetic, python_tool
     (multi-turn: the model's ``<tool_call>`` code runs in ``minirl.sandbox``, rStar2-Agent §2.2.2)."""
     task_kwargs: dict = field(default_factory=lambda: {"digits": 1})
     n_train: int = 100

@@ -1,0 +1,56 @@
+"""Addition and subtraction asked in words, for instruct models: ``What is 37 + 5? Answer with
+just the number.``
+
+``minirl.sft.encode`` sends the prompt as a user turn of the model's chat template. An instruct
+model still answers in a sentence ("The answer is 42."), so the verifier reads the last integer
+of the completion (the GSM8K convention) instead of the first line that ``arithmetic`` reads.
+Operand sizes set the difficulty: SmolLM2-135M is right on ~3 % of 2-digit ± 2-digit problems and
+~73 % of 1-digit ones (docs/measurements/2026-11-26-real-model-rl.md); RL needs a start in between.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from minirl.tasks.base import Problem
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True)
+class ChatArithmetic:
+    """First operand with exactly ``digits`` digits, second with exactly ``second_digits`` (1 digit:
+    0-9); ``a - b`` keeps the larger first, so results are >= 0."""
+
+    digits: int = 2
+    second_digits: int = 1
+    name: str = "chat_arithmetic"
+
+    def __post_init__(self) -> None:
+        for key in ("digits", "second_digits"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 9:
+                raise ValueError(f"chat_arithmetic {key}={value!r}: must be an int in [1, 9]; e.g. "
+                                 f"task_kwargs: {{digits: 2, second_digits: 1}}")
+
+    def sample(self, rng: random.Random) -> Problem:
+        a, b = _operand(rng, self.digits), _operand(rng, self.second_digits)
+        if rng.random() < 0.5:
+            return Problem(f"What is {a} + {b}? Answer with just the number.", str(a + b), {"value": a + b})
+        a, b = max(a, b), min(a, b)
+        return Problem(f"What is {a} - {b}? Answer with just the number.", str(a - b), {"value": a - b})
+
+    def verify(self, problem: Problem, completion: str) -> bool:
+        return last_integer(completion) == problem.meta["value"]
+
+
+def _operand(rng: random.Random, digits: int) -> int:
+    return rng.randint(10 ** (digits - 1) if digits > 1 else 0, 10 ** digits - 1)
+
+
+def last_integer(text: str) -> int | None:
+    """The last integer written in ``text`` (thousands commas ignored), None when there is none."""
+    found = _INTEGER.findall(text.replace(",", ""))
+    return int(found[-1]) if found else None
