@@ -12,7 +12,6 @@ The same folder carries the zoo's tiny MoE, built here with the card's transform
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -83,13 +82,26 @@ def install(src: Path) -> Path | None:
     if not found:
         return None
     target = Path(tempfile.mkdtemp(prefix="gpu-check-wheels-"))
-    if importlib.util.find_spec("pip") is not None:
+    if _has_pip():
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(src),
                         "--no-deps", "--target", str(target), *map(str, found)], check=True)
     else:
         for wheel in found:
             zipfile.ZipFile(wheel).extractall(target)
     return target
+
+
+def _has_pip() -> bool:
+    """Whether this interpreter has pip, asked of the installed metadata: ``find_spec("pip")``
+    would trip setuptools' distutils shim, which turns itself off for the whole process once pip
+    is looked up (every later ``import setuptools``, e.g. vLLM's via torch, then fails)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("pip")
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 def card_closure() -> set[str]:
