@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("a", help="trusted capture (training side / baseline), .nc or .zarr")
     p.add_argument("b", help="capture under test (inference side / candidate)")
     p.add_argument("--sites", default=None, help="glob pattern(s), comma separated (default: all shared)")
-    p.add_argument("--tolerance", default=None, help="JSON tolerance file (format: docs/analyzer.md "Tolerance policy"; aligntools.analyzer.tolerance)")
+    p.add_argument("--tolerance", default=None, help="JSON tolerance file (format: docs/analyzer.md, Tolerance policy; aligntools.analyzer.tolerance)")
     p.add_argument("--reference", default=None, help="higher-precision capture of a's side: sets the noise floor")
     p.add_argument("--align", default="strict", choices=MODES, help="token alignment mode")
     p.add_argument("--allow-different-models", action="store_true",
