@@ -169,7 +169,7 @@ class Comparison(SiteVerdict):
                            "ulp_max", "limit", "growth", "passes"]
         t = self.table
         t = t[[c for c in cols if c in t and t[c].notna().any()]]
-        out = [f"{self.labels[1]} vs {self.labels[0]}: {len(self.alignment)} tokens "
+        out = [f"{self.labels[0]} vs {self.labels[1]}: {len(self.alignment)} tokens "
                f"(align={self.alignment.mode}), {len(self.results)} sites", *self._coverage(),
                t.to_string(float_format=lambda x: f"{x:.3g}")]
         if "logits" in self.table.index and pd.notna(self.table.loc["logits", "kl_mean"]):
@@ -200,7 +200,7 @@ class Comparison(SiteVerdict):
             out.append("routing diff:\n" + self.routing.to_string(float_format=lambda x: f"{x:.3g}"))
         out.append(str(self.first_divergence) if self.first_divergence else "no divergence")
         out.extend(f"  {f}" for f in self.diagnosis)
-        out.append("PASS" if self.passes else f"FAIL: {', '.join(self.failures)}")
+        out.append("PASS" if self.passes else _fail_line(self.failures))
         return "\n".join(out)
 
     def _coverage(self) -> list[str]:
@@ -507,3 +507,10 @@ def compare(a: Any, b: Any, reference: Any = None, *, sites: str | list[str] | N
                       only_a=tuple(s for s in S.sort_sites(va) if s not in results),
                       only_b=tuple(s for s in S.sort_sites(vb) if s not in results),
                       threshold=threshold, labels=labels, partial=partial)
+
+
+def _fail_line(failures: list[str], shown: int = 8) -> str:
+    """The verdict line: the first ``shown`` failing sites in execution order and how many more
+    (a real model fails at hundreds of sites; the table above lists every one)."""
+    more = len(failures) - shown
+    return f"FAIL at {len(failures)} sites: {', '.join(failures[:shown])}" + (f", and {more} more" if more > 0 else "")

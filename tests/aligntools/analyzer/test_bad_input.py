@@ -121,3 +121,12 @@ def test_hashes_of_different_schemes_make_exact_unknown_not_false(synth):
     assert text.count("hash their rows differently") == 1 and f"({len(to_stats(synth).data_vars)} sites)" in text
     both_old = aligntools.compare(older, older).results["L0.q"]  # the same (older) scheme: comparable
     assert (both_old.rows["exact"] == 1).all() and not both_old.note
+
+
+def test_the_fail_line_names_the_first_sites_and_counts_the_rest():
+    """A real model fails at hundreds of sites; the verdict line names the first ones."""
+    from aligntools.analyzer.comparison import _fail_line
+
+    sites = [f"L{i}.q" for i in range(20)]
+    assert _fail_line(sites) == "FAIL at 20 sites: " + ", ".join(sites[:8]) + ", and 12 more"
+    assert _fail_line(sites[:3]) == "FAIL at 3 sites: L0.q, L1.q, L2.q"
