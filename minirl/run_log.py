@@ -19,22 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # xarray and matplotlib load on first use: `import minirl` stays light
+if TYPE_CHECKING:  # xarray loads on first use: `import minirl` stays light
     import xarray as xr
-    from matplotlib.figure import Figure
-
-#: panels of ``plot``: title -> metrics drawn in it (those present in the log).
-PANELS = {
-    "reward": ["reward", "eval_accuracy"],
-    "response length": ["length"],
-    "entropy": ["entropy", "entropy_masked"],
-    "gradient norm": ["grad_norm"],
-    "train-infer mismatch": ["mismatch_kl_k1", "mismatch_kl_k3", "abs_dlogp_mean"],
-    "max |delta logprob|": ["abs_dlogp_max"],
-    "tokens corrected": ["frac_masked", "frac_clipped_low", "frac_clipped_high"],
-    "step time (s)": ["time_rollout", "time_old_logprobs", "time_update", "time_sync"],
-}
-
 
 class RunLog:
     """Rows of ``{metric: float}`` keyed by step, mirrored to ``path`` after each ``append``."""
@@ -85,27 +71,3 @@ def load(path: str | os.PathLike) -> xr.Dataset:
 def events(log: xr.Dataset) -> list[dict]:
     """The events of a loaded log (``RunLog.note``), oldest first; [] for a log without any."""
     return json.loads(log.attrs.get("events", "[]"))
-
-
-def plot(log: xr.Dataset | str | os.PathLike) -> list[Figure]:
-    """One Figure per panel of ``PANELS`` that has data (matplotlib ``Figure``, no pyplot state)."""
-    import xarray as xr
-    from matplotlib.figure import Figure
-
-    ds = log if isinstance(log, xr.Dataset) else load(log)
-    figures = []
-    for title, names in PANELS.items():
-        present = [n for n in names if n in ds and bool(np.isfinite(ds[n].values).any())]
-        if not present:
-            continue
-        fig = Figure(figsize=(5, 3))
-        ax = fig.add_subplot()
-        for n in present:
-            ok = np.isfinite(ds[n].values)
-            ax.plot(ds["step"].values[ok], ds[n].values[ok], marker=".", label=n)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.legend(fontsize="small")
-        fig.tight_layout()
-        figures.append(fig)
-    return figures

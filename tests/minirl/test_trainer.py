@@ -42,7 +42,7 @@ def test_resume_reproduces_uninterrupted_run(quick_config, tmp_path):
     ds = run_log.load(resumed.log_path)  # the netCDF log holds the same rows
     assert list(ds["step"].values) == [0, 1, 2, 3]
     assert ds["reward"].values.tolist() == [r["reward"] for r in full]
-    assert all(type(f).__module__ == "matplotlib.figure" for f in run_log.plot(ds))
+    assert (resumed.out_dir / "curves.png").stat().st_size > 0  # the run's own figure (minirl.plot)
 
 
 @pytest.mark.parametrize("changes", [
