@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 
 from labs import zoo
 from minirl.async_loop import LoopResult, run
+from minirl.timeline import staleness_figure
 from minirl.train_config import TrainConfig
 
 PAPER_SPEEDUP = 1.59  # AsyncFlow §6.2 / Fig. 10: average throughput gain over the verl baseline
@@ -113,6 +114,16 @@ class AsyncComparison:
 
     def timelines(self) -> dict[str, Figure]:
         return {m: r.timeline.figure(r.queue_stats.get("depth"), title=m) for m, r in self.results.items()}
+
+    def staleness(self) -> Figure:
+        """Share of trained tokens per staleness, one bar per mode: sync trains on fresh tokens
+        only, 1-step-off on tokens at most ``max_staleness`` updates old (AsyncFlow §4.2.2)."""
+        return staleness_figure({m: r.staleness_hist for m, r in self.results.items()})
+
+    def stale_share(self) -> dict[str, float]:
+        """Per mode: share of trained tokens sampled on weights older than the learner's."""
+        return {m: sum(n for k, n in r.staleness_hist.items() if k > 0) / max(sum(r.staleness_hist.values()), 1)
+                for m, r in self.results.items()}
 
     def cost_model(self) -> tuple[pd.DataFrame, Figure]:
         """Predicted async/sync speedup per rollout-worker count from the sync run's phase times."""

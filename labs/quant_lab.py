@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 import minirl
 
 from aligntools.gates.inputs import prepare_tokens
-from labs import zoo
+from labs import narrate, zoo
 from labs.routing_lab import layer_flips
 from minirl import Engine, Knobs, SamplingParams, corrections
 from minirl.engine.quantize import FORMATS
@@ -117,6 +117,76 @@ def curves_figure(ds: xr.Dataset) -> Figure:
             ax.set(xlabel="step", title=f"{title}, {fmt} rollouts vs fp32 trainer")
     axes[0, 0].legend(fontsize=8)
     return fig
+
+
+def format_figure(table: pd.DataFrame) -> Figure:
+    """``measure``'s table as two panels: mean |Δ logprob| per format (log scale, bf16 alone as
+    the dashed floor) and IcePop's masked ‰ per format with its binomial noise, next to
+    Ring-1T's 1-2‰ band: how big each format's gap is, and whether IcePop sees it."""
+    from labs.icepop_lab import PAPER_MASKED_PERMILLE
+
+    fig = Figure(figsize=(9, 3.2), layout="constrained")
+    gap, masked = fig.subplots(1, 2)
+    names = list(table.index)
+    gap.plot(names, table["abs_dlogp_mean"], "o", color="#2c7fb8", ms=8)  # log scale: points, not bars
+    if "none" in table.index:
+        gap.axhline(table.loc["none", "abs_dlogp_mean"], color="k", ls="--", lw=1, label="bf16 weights (none)")
+        gap.legend(fontsize=8)
+    gap.set(yscale="log", ylabel="mean |Δ logprob| per token (nats)", xlabel="rollout weights",
+            title="gap to the fp32 trainer")
+    noise = [narrate.share_noise(r["icepop_masked_permille"], int(r["tokens"])) for _, r in table.iterrows()]
+    masked.bar(names, table["icepop_masked_permille"], yerr=noise, color="#c0392b", capsize=3)
+    lo, hi = PAPER_MASKED_PERMILLE
+    masked.axhspan(lo, hi, color="0.85", label=f"Ring-1T {lo:.0f}-{hi:.0f}‰")
+    masked.set(ylabel="tokens IcePop masks (‰)", xlabel=f"rollout weights ({_tokens(table)} tokens each)",
+               ylim=(0, max(2 * hi, 1.2 * float((table["icepop_masked_permille"] + noise).max()))),
+               title="IcePop masked share (±2 s.e.)")
+    masked.legend(fontsize=8)
+    return fig
+
+
+def reading(table: pd.DataFrame) -> str:
+    """The notebook's paragraph on ``measure``'s table, every number and verdict computed from it:
+    each format's gap against bf16 alone (``narrate.magnitude``), IcePop's masked share against
+    its binomial noise and the paper's band, and (MoE) the routing flips it comes with."""
+    from labs.icepop_lab import PAPER_MASKED_PERMILLE
+
+    base = table.loc["none"]
+    quant = table.drop(index="none")
+    gaps = "; ".join(narrate.magnitude(r["abs_dlogp_mean"], base["abs_dlogp_mean"], f"{fmt}'s gap", "bf16 alone")
+                     for fmt, r in quant.iterrows())
+    lo, hi = PAPER_MASKED_PERMILLE
+    resolved = {fmt: r["icepop_masked_permille"] for fmt, r in table.iterrows()
+                if r["icepop_masked_permille"] > narrate.share_noise(r["icepop_masked_permille"], int(r["tokens"]))}
+    if resolved:
+        where = {f: "inside" if lo <= v <= hi else ("below" if v < lo else "above") for f, v in resolved.items()}
+        unresolved = [_label(f) for f in table.index if f not in resolved]
+        masked = ("IcePop masks " + ", ".join(f"{v:.1f}‰ of the tokens under {_label(f)} ({where[f]} Ring-1T's "
+                                              f"{lo:.0f}-{hi:.0f}‰)" for f, v in resolved.items())
+                  + (f", and no share above its binomial noise under {', '.join(unresolved)}" if unresolved else ""))
+    else:
+        most, widest = table["icepop_masked_permille"].max(), quant["abs_dlogp_mean"].idxmax()
+        inside = "for all but a few tokens" if most > 0 else "for every token"
+        at_most = f"at most {most:.1f}‰" if most > 0 else "not one token"
+        masked = (f"IcePop masks no share above its binomial noise under any format ({at_most}): rho stays inside "
+                  f"[0.5, 5] {inside} even with {widest}'s weights, so on this model IcePop's band does not see the "
+                  "quantized gap")
+    flips = ""
+    if table["flip_rate"].notna().all():
+        worst = quant["flip_rate"].idxmax()
+        flips = (f" Routing moves too: under {worst} {100 * table.loc[worst, 'flip_rate']:.2f}% of (position, MoE "
+                 f"layer) pairs pick another top-k set than the trainer, against {100 * base['flip_rate']:.2f}% "
+                 "with bf16 weights.")
+    return f"**Reading it.** Over {_tokens(table)} sampled tokens per format: {gaps}. {masked}.{flips}"
+
+
+def _tokens(table: pd.DataFrame) -> str:
+    lo, hi = int(table["tokens"].min()), int(table["tokens"].max())
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def _label(fmt: str) -> str:
+    return "bf16 weights" if fmt == "none" else fmt
 
 
 def markdown(tables: list[pd.DataFrame]) -> str:

@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 import transformers
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from tqdm.auto import tqdm
 
 import aligntools
@@ -195,14 +196,50 @@ def depth_figure(summary: pd.DataFrame, flips: pd.DataFrame) -> Figure:
 
 
 def replay_figure(res: ReplayResult) -> Figure:
-    """Distribution of per-token |Δ logprob| without replay, R2 and R3, next to the paper's 10x."""
+    """Distribution of per-token |Δ logprob| without replay, R2 and R3, next to the paper's 10x.
+
+    Bins span the data's own decades (``log_bins``): a fixed 1e-9..1e1 range put the data of a
+    real run (1e-6..1e-1) into half the axis. Tokens whose gap is exactly 0 (R3 can reproduce the
+    engine bit for bit) have no place on a log axis; they get their own bin, left of the rest,
+    with a tick that reads 0."""
     fig = Figure(figsize=(8, 3.4), layout="constrained")
     ax = fig.subplots()
-    bins = np.logspace(-9, 1, 41)
-    for mode, color in (("no replay", "#c0392b"), ("R2", "#f39c12"), ("R3", "#2c7fb8")):
-        v = res.per_token[mode].clip(lower=1e-9)
-        ax.hist(v, bins=bins, histtype="step", lw=2, color=color, label=f"{mode}: mean {v.mean():.2g}")
+    modes = (("no replay", "#c0392b"), ("R2", "#f39c12"), ("R3", "#2c7fb8"))
+    edges, zero_at = log_bins(np.concatenate([res.per_token[m].to_numpy(float) for m, _ in modes]))
+    for mode, color in modes:
+        v = res.per_token[mode].to_numpy(float)
+        shown = np.where(v == 0, zero_at, v) if zero_at is not None else v
+        ax.hist(shown, bins=edges, histtype="step", lw=2, color=color, label=f"{mode}: mean {v.mean():.2g}")
     ax.set(xscale="log", xlabel="|Δ logprob| per generated token (engine vs trainer)", ylabel="tokens",
            title=f"R3 shrinks the mean gap {res.reduction:.1f}x (CompassMax §2.4.4: ~{PAPER_REDUCTION:.0f}x)")
+    ax.set_xlim(edges[0], edges[-1])
+    decades = 10.0 ** np.arange(np.ceil(np.log10(edges[1 if zero_at is not None else 0])),
+                                np.floor(np.log10(edges[-1])) + 1)
+    if zero_at is not None:  # a decade tick next to the zero bin would print over its "0"
+        decades = decades[decades > zero_at * 10 ** (2 / 3)]
+    ticks = ([zero_at] if zero_at is not None else []) + decades.tolist()
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: "0" if x == zero_at else f"1e{np.log10(x):.0f}"))
+    if zero_at is not None:
+        ax.axvline(edges[1], color="0.5", lw=0.8, ls=":")  # the zero bin is not part of the log scale
     ax.legend(fontsize=8)
     return fig
+
+
+BINS_PER_DECADE = 6
+
+
+def log_bins(values: np.ndarray) -> tuple[np.ndarray, float | None]:
+    """Log-spaced bin edges over the decades ``values`` occupy (``BINS_PER_DECADE`` each), and
+    where exact zeros are drawn: the centre of one extra bin in front (None without zeros).
+    NaN is ignored; only zeros (or nothing) give one bin around 1e-9 so the plot still draws."""
+    v = np.asarray(values, dtype=float)
+    pos = v[np.isfinite(v) & (v > 0)]
+    lo, hi = (np.floor(np.log10(pos.min())), np.ceil(np.log10(pos.max()))) if len(pos) else (-9.0, -8.0)
+    hi = max(hi, lo + 1)
+    edges = np.logspace(lo, hi, round((hi - lo) * BINS_PER_DECADE) + 1)
+    if not (v == 0).any():
+        return edges, None
+    step = edges[1] / edges[0]
+    return np.concatenate([[edges[0] / step], edges]), float(edges[0] / step ** 0.5)

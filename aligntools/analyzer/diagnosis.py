@@ -17,7 +17,7 @@ of its error; otherwise the expert computation itself is named.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -183,11 +183,14 @@ def _nonfinite_findings(table: pd.DataFrame) -> list[Finding]:
 
 
 def diagnose(g: pd.DataFrame, table: pd.DataFrame, routing: pd.DataFrame,
-             per_token: Callable[[str], pd.DataFrame]) -> list[Finding]:
-    """Findings in execution order of their first site, one per cause (repeats in ``also``).
+             per_token: Callable[[str], pd.DataFrame], prefer: Sequence[str] = ()) -> list[Finding]:
+    """Findings in execution order of their quoted site, one per cause (repeats in ``also``).
 
     g: ``divergence.growth`` table; table: the comparison table (for NaN/Inf counts);
     routing: ``routing_diff`` table; per_token: site -> per-token metrics (rel_l2, cosine).
+    prefer: sites a verdict names, most important first. A cause found at several sites quotes
+    the numbers of the first preferred one among them (else its earliest site): a report whose
+    verdict fails layer 1 must not explain it with layer 0's flip rate, which passed.
     """
     flipped_layers = set(routing.index[routing["set_flip"] > 0])
     raw: list[Finding] = _nonfinite_findings(table) + _routing_findings(routing)
@@ -199,12 +202,13 @@ def diagnose(g: pd.DataFrame, table: pd.DataFrame, routing: pd.DataFrame,
             and s.layer in flipped_layers else None
         raw.append(flip or _jump_finding(site, g, per_token))
     raw.sort(key=lambda f: S.order_key(f.site))
-    grouped: dict[str, Finding] = {}
+    rank = {site: i for i, site in reversed(list(enumerate(prefer)))}
+    grouped: dict[str, list[Finding]] = {}
     for f in raw:
-        if f.cause in grouped:
-            first = grouped[f.cause]
-            grouped[f.cause] = Finding(first.cause, first.site, first.evidence, first.confidence,
-                                       first.also + (f.site,))
-        else:
-            grouped[f.cause] = f
-    return list(grouped.values())
+        grouped.setdefault(f.cause, []).append(f)
+    out = []
+    for same in grouped.values():
+        quoted = min(same, key=lambda f: rank.get(f.site, len(rank)))  # min keeps the earliest of equals
+        out.append(Finding(quoted.cause, quoted.site, quoted.evidence, quoted.confidence,
+                           tuple(f.site for f in same if f is not quoted)))
+    return sorted(out, key=lambda f: S.order_key(f.site))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ import pandas as pd
 import torch
 
 from aligntools import sites as S
+from aligntools.analyzer.diagnosis import diagnose
 from aligntools.analyzer.tolerance import Tolerance, coarser
 from aligntools.gates.inputs import GateUsageError, load_hf, parse_infer, parse_train, prepare_tokens, validate_checkpoint
 from aligntools.viz.report import Report
@@ -75,9 +77,22 @@ class GateResult:
     def first_divergence(self):
         return self.comparison.first_divergence
 
-    @property
+    @cached_property
     def diagnosis(self) -> list:
-        return self.comparison.diagnosis
+        """The Analyzer's findings, each quoting the site this verdict names where its cause
+        fired at several (``verdict_sites``): a failing layer's flip rate, not a passing one's."""
+        c = self.comparison
+        return diagnose(c.growth, c.table, c.routing, c.per_token, prefer=self.verdict_sites())
+
+    def verdict_sites(self) -> list[str]:
+        """Sites the verdict names, most quoted first: the worst and the first failing site, each
+        failing routing layer's ``topk_ids``, ``logits`` when the final logprob fails, then every
+        other failing site in execution order."""
+        failed = list(self.table.index[~self.table["passes"].astype(bool)])
+        named = [_worst(self.table), failed[0]] if failed else []
+        named += [f"L{i}.topk_ids" for i in self.routing.index[~self.routing["passes"]]]
+        named += ["logits"] if not self.logprob["passes"].all() else []
+        return list(dict.fromkeys(named + failed))
 
     @property
     def verdict(self) -> str:
@@ -255,7 +270,7 @@ def _verdict(cmp, floor, floors: dict[str, float], setup: dict, dtype: str) -> G
     reasons = []
     failed = list(table.index[~table["passes"]])
     if failed:
-        worst = (table["rel_l2"] / table["limit"]).idxmax()
+        worst = _worst(table)
         reasons.append(f"{len(failed)} of {len(table)} sites over their limit (first {failed[0]}; worst {worst}: "
                        f"rel. L2 {table.loc[worst, 'rel_l2']:.3g} > limit {table.loc[worst, 'limit']:.3g})")
     routing = _routing(cmp, floor, dtype)
@@ -266,6 +281,11 @@ def _verdict(cmp, floor, floors: dict[str, float], setup: dict, dtype: str) -> G
         reasons.append(f"{stat} |Δ logprob| {r['value']:.3g} > limit {r['limit']:.3g}")
     return GateResult(passed=not reasons, table=table, routing=routing, logprob=logprob, reasons=reasons,
                       comparison=cmp, setup=setup)
+
+
+def _worst(table: pd.DataFrame) -> str:
+    """The site furthest over its limit (the verdict quotes its numbers)."""
+    return (table["rel_l2"] / table["limit"]).idxmax()
 
 
 def _routing(cmp, floor, dtype: str) -> pd.DataFrame:

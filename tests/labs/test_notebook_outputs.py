@@ -170,6 +170,9 @@ def check_09(nb: nbformat.NotebookNode) -> None:
     sync, async_ = row(out, "sync"), row(out, "async")
     assert sync[0] > 0 and async_[0] > 0 and async_[3] <= 1 and 0.2 < async_[-1] < 5  # staleness, speedup
     assert has_image(tagged(nb, "timelines"))
+    stale = tagged(nb, "staleness")
+    assert has_image(stale) and "0 update(s) old in sync" in markdown(stale), markdown(stale)
+    assert re.search(r"\bsync 0%", markdown(stale)) and f"{int(async_[3])} update(s) old in async" in markdown(stale)
     model = tagged(nb, "cost-model")
     assert has_image(model) and all(1 <= row(model, w)[-1] <= 2 for w in ("1", "64"))
 
@@ -247,6 +250,32 @@ def check_04_claims(nb: nbformat.NotebookNode) -> None:
     md = markdown(tagged(nb, "sweep-reading"))
     assert ("masked share grows" in md) == grows and ("masked share stays flat" in md) == (not grows and not falls), md
     assert ("grows" in check_closing(nb, "icepop-conclusion").split("masked share")[-1]) == grows
+    check_04_quant_claims(nb)
+
+
+QUANT_FORMATS = ("none", "fp8_e4m3", "int8", "int4")
+
+
+def check_04_quant_claims(nb: nbformat.NotebookNode) -> None:
+    """Section 3: each format's gap claim (same order / Nx larger) and the masked-share claim
+    agree with the table printed beside them."""
+    out = tagged(nb, "quant-rollouts")
+    assert has_image(out)
+    rows = {f: row(out, f) for f in QUANT_FORMATS}  # tokens, mean, max |dlogp|, masked ‰, capped ‰, flips %
+    md = markdown(tagged(nb, "quant-reading"))
+    base = rows["none"][1]
+    for fmt in QUANT_FORMATS[1:]:
+        mean = rows[fmt][1]
+        m = re.search(rf"{fmt}'s gap \(([\d.e-]+)\) is (of the same order as|\d+x (larger|smaller) than) bf16 alone", md)
+        assert m and abs(float(m.group(1)) - mean) <= 0.05 * mean, (fmt, md)
+        assert ("same order" in m.group(2)) == (1 / 3 <= mean / base <= 3), (fmt, mean, base, md)
+        assert m.group(3) in (None, "larger" if mean > base else "smaller"), md
+    resolved = [f for f, r in rows.items() if r[3] > _permille_noise(r[3], r[0])]
+    assert ("no share above its binomial noise under any format" in md) == (not resolved), md
+    for f in resolved:
+        assert f"‰ of the tokens under {'bf16 weights' if f == 'none' else f} (" in md, md
+    worst = max(QUANT_FORMATS[1:], key=lambda f: rows[f][-1])
+    assert f"under {worst} {rows[worst][-1]:.2f}% of (position, MoE layer) pairs" in md, md
 
 
 def check_03_claims(nb: nbformat.NotebookNode) -> None:

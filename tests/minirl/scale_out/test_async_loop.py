@@ -22,7 +22,7 @@ def test_async_stays_within_max_staleness(make_cfg, sync_rows):
     assert all(r["staleness_max"] <= 1 for r in result.rows)
     assert result.rows[0]["loss"] == sync_rows[0]["loss"]  # same weights for step 0
     assert isinstance(result.timeline.figure(result.queue_stats["depth"]), Figure)
-    assert isinstance(staleness_figure(result.staleness_hist), Figure)
+    assert isinstance(staleness_figure({"async": result.staleness_hist}), Figure)
     assert {"rollout", "train", "sync", "reward"} <= set(result.timeline.busy_idle())
 
 
