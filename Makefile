@@ -40,11 +40,16 @@ $(STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 demo: debs $(STAMP)
 	$(PY) -m labs.demo
 
+# Two pytest-xdist workers, one test file each at a time (module-scoped fixtures such as the Ray
+# cluster and the GPU check's dry run are built once): the suite runs one torch thread per process
+# (tests/conftest.py), so a second worker uses the second core. docs/measurements/2026-11-26-make-test.md.
+XDIST := -n 2 --dist loadfile
+
 test: debs $(STAMP)
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q $(XDIST)
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 # Ratios against baselines measured in the same run (numbers in README.md / docs/*.md).
 bench: $(STAMP)

@@ -11,7 +11,13 @@ includes one-off warm-up), from the ``time_*`` metrics every run logs, and the m
 a step (VmHWM, reset before each step). ``--same-batch`` (for a slow real model): one full step,
 then ``--steps`` more ``learn`` calls (old logprobs + update) on that step's rollouts, so the
 trainer's share is timed without paying the rollout again. ``--profile``: a torch-profiler table
-of the first step.
+of the first step. ``--ab KEY=VALUE`` (repeatable): the same trainer alternates full steps under
+the base config and under the base config plus these overrides (a second rollout engine when they
+name one), in the order AB BA AB ..., so outside load hits both alike; each side's first step
+is warm-up and dropped, and the new/base ratio of every phase is printed. For example:
+
+    .venv/bin/python benchmarks/bench_rl.py --model smollm2-135m --set engine=vllm --steps 3 \
+        --ab engine=minirl:typical,share_prefill=true --ab engine_dtype=float32 --ab shared_prefix=true
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import os
 import re
 import statistics
 import tempfile
@@ -29,6 +36,7 @@ import torch
 import yaml
 
 from labs import zoo
+from minirl.rollout_engine import make_engine
 from minirl.train_config import TrainConfig
 from minirl.trainer import Trainer
 
@@ -45,18 +53,21 @@ def main() -> None:
     parser.add_argument("--same-batch", action="store_true", help="one full step, then --steps learn calls on it")
     parser.add_argument("--profile", action="store_true", help="torch-profiler table of the first step")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="TrainConfig override")
+    parser.add_argument("--ab", action="append", default=[], metavar="KEY=VALUE",
+                        help="overrides of the 'new' side of an interleaved base-vs-new comparison")
     args = parser.parse_args()
     if args.steps < 2 and not args.same_batch:
         parser.error("--steps must be >= 2 (the first step is warm-up and not timed)")
     path = Path(args.model) if Path(args.model).is_dir() else zoo.build(args.model)
     values = dict(model=str(path), steps=args.steps, eval_every=0, checkpoint_every=0, prompts_per_step=8,
                   group_size=8, progress=False, **(REAL if args.model == "smollm2-135m" else TINY))
-    for item in args.set:
-        key, _, value = item.partition("=")
-        values[key] = yaml.safe_load(value)
+    values.update(overrides(args.set))
     with tempfile.TemporaryDirectory() as out:
         cfg = TrainConfig.from_dict({**values, "out_dir": out})
         trainer = Trainer(cfg)
+        if args.ab:
+            compare(trainer, TrainConfig.from_dict({**values, **overrides(args.ab), "out_dir": out}), args.steps)
+            return
         with profiled(args.profile):
             first = measured(lambda: trainer.train_step(0), trainer)
         if args.same_batch:
@@ -72,6 +83,39 @@ def main() -> None:
             trainer.step = step
             rows.append(measured(lambda: trainer.train_step(step), trainer))
         report("timed steps", cfg, rows)
+
+
+def overrides(items: list[str]) -> dict:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML, as a config file would)."""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def compare(trainer: Trainer, new: TrainConfig, steps: int) -> None:
+    """Full steps alternating base / new config on one trainer (AB BA ...; both sides sample step
+    k's prompts), then each side's report and the new/base ratio of every phase."""
+    base = trainer.cfg
+    same_engine = (new.engine, new.engine_dtype) == (base.engine, base.engine_dtype)
+    sides = {"base": (base, trainer.engine),
+             "new": (new, trainer.engine if same_engine else make_engine(new.engine, trainer.model_path,
+                                                                          new.engine_dtype))}
+    rows: dict[str, list[dict]] = {"base": [], "new": []}
+    for step in range(steps):
+        for name in ("base", "new") if step % 2 == 0 else ("new", "base"):
+            trainer.cfg, trainer.engine = sides[name]
+            trainer.groups.cfg = trainer.cfg
+            trainer.step = step
+            rows[name].append(measured(lambda: trainer.train_step(step), trainer))
+    print(f"load average {os.getloadavg()[0]:.2f}; peak RSS is the process's, with both engines resident")
+    for name, (cfg, _) in sides.items():
+        changed = {k: v for k, v in new.to_dict().items() if base.to_dict()[k] != v} if name == "new" else {}
+        report(f"{name}{' ' + str(changed) if changed else ''}", cfg, rows[name][1:])
+    for p in (*PHASES, "s_step"):
+        a, b = (statistics.median(r[p] for r in rows[n][1:]) for n in ("base", "new"))
+        print(f"  new/base {p:<18} {b / a if a else float('nan'):6.3f}  ({a:.3f} s -> {b:.3f} s)")
 
 
 def measured(run, trainer: Trainer) -> dict:  # noqa: ANN001 - a zero-argument callable returning metrics

@@ -52,8 +52,14 @@ from minirl.sft import encode, uses_chat  # noqa: E402
 from minirl.train_config import TrainConfig  # noqa: E402
 from minirl.trainer import Trainer, resolve_model  # noqa: E402
 
-ENGINES = ("minirl (bfloat16)", "minirl (float32)", "TRL GRPOTrainer")
-SHORT = dict(zip(("bf16", "fp32", "trl"), ENGINES))
+VARIANTS = {"minirl (bfloat16)": dict(engine_dtype="bfloat16"), "minirl (float32)": dict(engine_dtype="float32"),
+            "minirl (fast)": dict(engine="minirl:typical,share_prefill=true", engine_dtype="float32",
+                                  shared_prefix=True)}
+"""minirl's rows: engine dtype, and ``fast`` = fp32 rollouts with each prompt prefilled once per
+group plus the trainer's shared-prefix packing (docs/measurements/2026-11-26-real-model-step.md)."""
+TRL = "TRL GRPOTrainer"
+ENGINES = (*VARIANTS, TRL)
+SHORT = dict(zip(("bf16", "fp32", "fast", "trl"), ENGINES))
 """``--engines`` names."""
 PHASES = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
 SETTINGS = dict(task="arithmetic", task_kwargs={"digits": 1}, sft_steps=100, prompts_per_step=8, group_size=8,
@@ -68,8 +74,10 @@ def main() -> None:
     parser.add_argument("--task", default="arithmetic", help="a minirl task (arithmetic uses 1 digit)")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--model", default="tiny-qwen3-moe", help="zoo name (smollm2-135m: the issue's real step)")
-    parser.add_argument("--engines", default="bf16,fp32,trl", help="comma list of bf16, fp32, trl (trl and one of the others)")
-    parser.add_argument("--memory-repeats", type=int, default=3, help="fresh processes per peak-memory median")
+    parser.add_argument("--engines", default="bf16,fp32,trl",
+                        help="comma list of bf16, fp32, fast, trl (trl and at least one of the others)")
+    parser.add_argument("--memory-repeats", type=int, default=3,
+                        help="fresh processes per peak-memory median (0: skip it)")
     parser.add_argument("--peak-memory", choices=("minirl", "trl"), help=argparse.SUPPRESS)  # child process
     parser.add_argument("--batch", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -78,9 +86,9 @@ def main() -> None:
     if args.model == "smollm2-135m":
         SETTINGS.update(REAL)
     engines = tuple(SHORT.get(e.strip(), e.strip()) for e in args.engines.split(","))
-    if not set(engines) <= set(ENGINES) or ENGINES[2] not in engines or len(set(engines)) < 2:
+    if not set(engines) <= set(ENGINES) or TRL not in engines or len(set(engines)) < 2:
         parser.error(f"--engines {args.engines!r}: a comma list of {', '.join(SHORT)}: trl and at least one of "
-                     f"bf16, fp32")
+                     f"bf16, fp32, fast")
     if args.threads:
         torch.set_num_threads(args.threads)
     base = zoo.build(args.model)
@@ -99,7 +107,7 @@ def main() -> None:
                  "--task", args.task, "--max-new-tokens", str(args.max_new_tokens), "--model", args.model]
         mem = {w: statistics.median(json.loads(subprocess.run([*child, "--peak-memory", w], check=True, text=True,
                                                               capture_output=True).stdout.split()[-1])
-                                    for _ in range(args.memory_repeats))
+                                    for _ in range(args.memory_repeats)) if args.memory_repeats else float("nan")
                for w in ("minirl", "trl")}
     print(f"\nRL step = {base.name}, {SETTINGS['task']}, 8 prompts x 8 samples, <= {SETTINGS['max_new_tokens']} "
           f"new tokens, 2 AdamW steps, "
@@ -115,7 +123,7 @@ def report(rows: dict[str, list[dict]], mem: dict[str, float], repeats: int = 3)
     """The table: medians, TRL's s/step over each row's, minirl's phase split, peak update memory."""
     med = {name: {k: statistics.median(r[k] for r in rs) for k in ("s_step", "length", *PHASES) if k in rs[0]}
            for name, rs in rows.items()}
-    trl = med["TRL GRPOTrainer"]["s_step"]
+    trl = med[TRL]["s_step"]
     print(f"{'engine':<18} {'s/step':>7} {'TRL/this':>8} {'tok/compl':>9} {'rollout':>8} {'old_lp':>7} {'update':>7}"
           f" {'sync':>6} {'peak update MiB':>16}")
     for name, r in med.items():
@@ -133,8 +141,8 @@ def measure(base: Path, steps: int, out: str, engines: tuple[str, ...] = ENGINES
     """Blocks ABC CBA (of ``engines``, TRL last) of ``steps`` RL steps -> per engine the timed rows
     (``s_step``, ``length``, minirl's phases), TRL's (completions, mean tokens) per generation,
     the first minirl engine's step-0 batch."""
-    minirl = {name: BatchKeeper(minirl_config(base, f"{out}/{name}", engine_dtype=name[8:-1]))
-              for name in engines if name in ENGINES[:2]}
+    minirl = {name: BatchKeeper(minirl_config(base, f"{out}/{name}", **VARIANTS[name]))
+              for name in engines if name in VARIANTS}
     cfg = next(iter(minirl.values())).cfg
     problems = tasks.splits(tasks.get(cfg.task, **cfg.task_kwargs), cfg.n_train, cfg.n_eval, cfg.seed)[0]
     rows: dict[str, list[dict]] = {name: [] for name in engines}

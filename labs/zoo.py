@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from tqdm.auto import tqdm
 
 from aligntools.gates.inputs import corpus_text
@@ -116,17 +117,29 @@ def build(name: str, out: str | os.PathLike | None = None, seed: int = 0, force:
     parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
+        lock = FileLock(parent / f".{target.name}.lock")
+        lock.acquire()  # a second builder (another test worker, notebook or shell) waits for the first
     except OSError as e:
         raise OSError(f"cannot write zoo model to {target}: {e.strerror or e}. "
                       f"Pass out= a writable directory or set MLAB_ZOO_DIR.") from e
+    try:
+        if force or not _is_complete(target, fingerprint):  # the first builder may have finished it
+            _build_locked(target, name, spec, seed, fingerprint, progress)
+    finally:
+        lock.release()
+    return target
+
+
+def _build_locked(target: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str, progress: bool) -> None:
+    """Build into a temporary sibling and rename it in: an interrupted build never leaves a
+    half-written checkpoint behind."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         with quiet(progress), torch.inference_mode(False), torch.enable_grad():
             _build_into(tmp, name, spec, seed, fingerprint, progress)
         _replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def weights_hash(path: str | os.PathLike) -> str:

@@ -8,10 +8,11 @@ run modes (``minirl.async_loop``). Submodules are public by their own names
 from minirl import corrections  # noqa: F401  (public submodule: minirl.corrections.icepop, ...)
 from minirl.engine import Engine, Knobs, SamplingParams
 from minirl.engine.checkpoint import read_config, read_safetensors
+from minirl.engine.spec import EngineSpec
 from minirl.rollout import Rollout
 from minirl.train_config import TrainConfig
 from minirl.driver import train
 from minirl.trainer_forward import trainer_logprobs
 
-__all__ = ["Engine", "Knobs", "Rollout", "SamplingParams", "TrainConfig", "read_config", "read_safetensors",
+__all__ = ["Engine", "EngineSpec", "Knobs", "Rollout", "SamplingParams", "TrainConfig", "read_config", "read_safetensors",
            "train", "trainer_logprobs"]

@@ -32,7 +32,3 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool 
         adv = adv / (shifted.std(-1, keepdim=True) + eps)
     return adv.float().view(-1)
 
-
-def drgrpo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Dr.GRPO: ``r_i - mean_group`` (no std normalisation)."""
-    return grpo_advantages(rewards, group_size, normalize_std=False)

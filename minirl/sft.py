@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from tqdm.auto import tqdm
 
 from minirl import tasks
@@ -48,16 +49,19 @@ def warm_start(base: str | os.PathLike, task: str, task_kwargs: dict | None = No
     if (target / "sft.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        loss = _train(base, tmp, tasks.get(task, **task_kwargs), steps, seed, lr, batch, progress)
-        (tmp / "sft.json").write_text(json.dumps({"base": str(base), "task": task, "task_kwargs": task_kwargs,
-                                                  "steps": steps, "seed": seed, "final_loss": loss}, indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with FileLock(target.parent / f".{target.name}.lock"):  # a second caller waits for the first's result
+        if (target / "sft.json").exists():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            loss = _train(base, tmp, tasks.get(task, **task_kwargs), steps, seed, lr, batch, progress)
+            (tmp / "sft.json").write_text(json.dumps({"base": str(base), "task": task, "task_kwargs": task_kwargs,
+                                                      "steps": steps, "seed": seed, "final_loss": loss}, indent=2))
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

@@ -174,6 +174,12 @@ class TrainConfig:
     """optimizer steps per RL step (the batch is split in this many minibatches)."""
     epochs: int = 1
 
+    # --- trainer compute (each changes float reduction order only; off = the reference path)
+    shared_prefix: bool = False
+    """trainer forwards pack each prompt once with its completions (block mask) instead of
+    repeating it in every padded row: ~``group_size`` x fewer prompt tokens; same logprobs up to
+    float reduction order (docs/measurements/2026-11-26-real-model-step.md). Not with router_replay."""
+
     # --- run mode (AsyncFlow §4)
     mode: str = "sync"
     """``sync`` (this process, lockstep), ``async`` (a producer thread generates up to

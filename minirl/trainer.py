@@ -50,6 +50,7 @@ class Batch:
     mask: torch.Tensor  # [B, L-1] 1 at positions predicting a generated token
     logp_infer: torch.Tensor  # [B, L-1] rollout engine's raw logprobs there, 0 elsewhere
     routed: list[torch.Tensor] | None  # per sequence [len, n_moe, k] (R3), None for dense models
+    prompt_lens: list[int]  # per sequence, its prompt's length (``shared_prefix`` packing)
 
 
 class Trainer:
@@ -181,10 +182,12 @@ class Trainer:
         adv = advantages.grpo_advantages(rewards, g, normalize_std=c.advantage == "grpo").to(self.device)
         batch = pack(rollouts, self.device)
         routing = batch.routed if c.router_replay == "r3" else None
+        prompt_lens = batch.prompt_lens if c.shared_prefix else None
         old = None
         if c.old_logprobs == "recompute":
             with torch.no_grad():
-                old = forward(self.model, batch.sequences, routing, record_routing=c.router_replay == "r2")
+                old = forward(self.model, batch.sequences, routing, record_routing=c.router_replay == "r2",
+                              prompt_lens=prompt_lens)
             routing = old.routing if c.router_replay == "r2" else routing
         logp_old = old.logp * batch.mask if old is not None else batch.logp_infer
         weights, mask, metrics = correct(c, logp_old, batch.logp_infer, batch.mask)
@@ -227,7 +230,8 @@ class Trainer:
             for idx in torch.randperm(n, generator=gen).chunk(c.minibatches):
                 rows = idx.tolist()
                 fwd = forward(self.model, [batch.sequences[i] for i in rows],
-                              None if routing is None else [routing[i] for i in rows])
+                              None if routing is None else [routing[i] for i in rows],
+                              prompt_lens=[batch.prompt_lens[i] for i in rows] if c.shared_prefix else None)
                 logp = torch.nn.functional.pad(fwd.logp, (0, width - fwd.logp.shape[1]))  # [b, L-1]
                 if epoch == 0:
                     entropy[idx] = torch.nn.functional.pad(fwd.entropy, (0, width - fwd.entropy.shape[1]))
@@ -364,7 +368,7 @@ def pack(rollouts, device: torch.device | str = "cpu") -> Batch:
     routed = None
     if getattr(rollouts[0], "routed_experts", None) is not None:
         routed = [torch.cat([r.prompt_routed_experts, r.routed_experts]) for r in rollouts]
-    return Batch(seqs, mask.to(device), logp.to(device), routed)
+    return Batch(seqs, mask.to(device), logp.to(device), routed, [len(r.prompt_ids) for r in rollouts])
 
 
 def correct(c: TrainConfig, logp_old: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor):

@@ -14,6 +14,13 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# One intra-op thread per test process. The models are tiny (a second thread buys little), and
+# the suite runs Ray actors, notebook kernels and (under pytest-xdist) one worker per core beside
+# it: two OpenMP threads per process on 2 shared cores spin against each other (a 3-step zoo
+# build: 0.95 s with one thread, 10.7 s with two on a loaded box). test_crash_safety.py already
+# set this at import, so a full run had it; set here it no longer depends on what was collected.
+torch.set_num_threads(1)
+
 if not torch.cuda.is_available():
     # Triton kernels run through the interpreter on CPU tensors (docs/machine.md).
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -40,7 +47,9 @@ def zoo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def zoo(zoo_root: Path):
-    """``zoo(name, seed=0) -> Path``: build (once, cached) and return a zoo checkpoint."""
+    """``zoo(name, seed=0) -> Path``: build (once, cached) and return a zoo checkpoint. Under
+    pytest-xdist two workers may ask for the same model on a cold cache: ``labs.zoo.build``'s
+    file lock makes the second wait for the first's checkpoint."""
     from labs import zoo as zoo_mod
 
     def get(name: str, seed: int = 0) -> Path:

@@ -27,9 +27,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+import kernels
 from aligntools.adapters.base import Adapter
 from aligntools.adapters.roles import ModelRoles, find_roles
-from aligntools.adapters.routing import route_softmax_topk
 from aligntools.tracker.provenance import model_hash
 from aligntools.tracker.recorder import DERIVED, Recorder
 from aligntools.sites import sort_sites
@@ -131,7 +131,10 @@ def hook_plan(model: nn.Module, roles: ModelRoles, top_k: int, renormalize: bool
 
 
 def _routing(logits: torch.Tensor, k: int, renormalize: bool) -> dict[str, torch.Tensor]:
-    weights, ids = route_softmax_topk(logits, k, renormalize)
+    """The choice a softmax top-k router makes from its logits [T, E] (vLLM/SGLang ``fused_topk``
+    = transformers' Mixtral / Qwen3-MoE / OLMoE routing: softmax, ``torch.topk``, optional
+    renormalisation), for engines whose router module returns only logits."""
+    ids, weights = kernels.get("router_topk", "torch")(logits, k, renormalize=renormalize)  # [T, k] each
     return {"router_logits": logits, "topk_ids": ids, "topk_weights": weights}
 
 

@@ -13,7 +13,8 @@ relative to the request's prompt length. Module conventions: see fused.py. Two t
 module outputs in vLLM, so they are read by wrapping methods while attached:
   * routing: the MoE runner calls ``router.select_experts(hidden_states, router_logits) ->
     (topk_weights, topk_ids)`` (the gate's ``GateLinear`` is not called as a module); its
-    arguments and result are vLLM's own routing, nothing is recomputed;
+    arguments and result are vLLM's own routing, nothing is recomputed (``vllm_routing``'s
+    ``hook_select_experts`` and ``forward_layout``, shared with the R3 routing recorder);
   * logits: the runner calls ``model.compute_logits(h)`` with ``h = hidden[logits_indices]``
     (a copy: each request's last token) for sampling and, for requests asking for prompt
     logprobs, once per request with ``h = hidden[offset:offset + n]`` (a *view*: every other
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from aligntools.adapters.fused import FusedModuleAdapter, Rows, first, flat_meta
+from aligntools.adapters.vllm_routing import forward_layout, hook_select_experts, model_runner
 from aligntools.sites import sort_sites
 from aligntools.tracker.recorder import DERIVED
 
@@ -50,11 +52,7 @@ class VllmAdapter(FusedModuleAdapter):
     engine = "vllm"
 
     def __init__(self, llm: object) -> None:
-        runner = llm.collective_rpc(lambda worker: worker.model_runner)[0]
-        if not hasattr(runner, "model"):
-            raise RuntimeError("cannot reach vLLM's model runner from this process: create the LLM with "
-                               "VLLM_ENABLE_V1_MULTIPROCESSING=0 and enforce_eager=True "
-                               "(aligntools.adapters.vllm_engine.create_llm does)")
+        runner = model_runner(llm)
         if not runner.model_config.enforce_eager:
             raise ValueError("vLLM LLM created without enforce_eager=True: compiled graphs skip module hooks; "
                              "create it with LLM(..., enforce_eager=True)")
@@ -87,13 +85,13 @@ class VllmAdapter(FusedModuleAdapter):
         need = recorder.needed
         for tap in self.taps:
             names = {k: k if tap.layer is None else f"L{tap.layer}.{k}" for k in tap.kinds}
-            if need & set(names.values()):
-                wrap = self._logits_tap if tap.name == "compute_logits" else self._router_tap
-                self._patch(tap.owner, tap.name, wrap(getattr(tap.owner, tap.name), names))
-
-    def _patch(self, owner: object, name: str, fn) -> None:
-        setattr(owner, name, fn)  # an instance attribute shadows the method; detach deletes it
-        self._patched.append((owner, name))
+            if not need & set(names.values()):
+                continue
+            if tap.name == "compute_logits":
+                setattr(tap.owner, tap.name, self._logits_tap(getattr(tap.owner, tap.name), names))
+            else:
+                hook_select_experts(tap.owner, functools.partial(self._on_route, names))
+            self._patched.append((tap.owner, tap.name))  # an instance attribute shadows the method; detach deletes it
 
     def detach(self) -> None:
         for owner, name in self._patched:
@@ -105,16 +103,11 @@ class VllmAdapter(FusedModuleAdapter):
     def _keep_hidden(self, module: nn.Module, args: tuple, output: object) -> None:
         self._hidden = first(output)  # [T, H]: what compute_logits' views point into
 
-    def _router_tap(self, original, names: dict[str, str]):
-        @functools.wraps(original)
-        def select_experts(*args, **kwargs):
-            weights, ids = original(*args, **kwargs)  # [T, k], [T, k]
-            logits = kwargs["router_logits"] if "router_logits" in kwargs else args[1]  # [T, E]
-            if self._rows is not None:
-                self._emit(self._recorder, self._recorder.needed, names,
-                           {"router_logits": logits, "topk_ids": ids, "topk_weights": weights})
-            return weights, ids
-        return select_experts
+    def _on_route(self, names: dict[str, str], logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
+        """vLLM's routing of one MoE layer (``hook_select_experts``): logits [T, E], top-k [T, k]."""
+        if self._rows is not None:
+            self._emit(self._recorder, self._recorder.needed, names,
+                       {"router_logits": logits, "topk_ids": ids, "topk_weights": weights})
 
     def _logits_tap(self, original, names: dict[str, str]):
         @functools.wraps(original)
@@ -136,22 +129,13 @@ class VllmAdapter(FusedModuleAdapter):
         return self._last_rows(len(hidden))
 
     def _layout(self, args: tuple, kwargs: dict) -> list[Rows]:
-        from vllm.forward_context import get_forward_context
-
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        meta = get_forward_context().attn_metadata
-        meta = next(iter(meta.values())) if isinstance(meta, dict) else meta
-        batch = self.runner.input_batch
-        n_req = batch.num_reqs
-        qsl = meta.query_start_loc[: n_req + 1].cpu()
-        n_tok = int(qsl[-1])  # eager mode pads nothing, but slice to be safe
+        layout = forward_layout(self.runner, args, kwargs)
         requests, steps = [], []
-        for i, rid in enumerate(batch.req_ids[:n_req]):
+        for i, rid in enumerate(layout.req_ids):
             requests.append(self._request_index.setdefault(rid, len(self._request_index)))
-            first_pos = int(positions[int(qsl[i])])
-            steps.append(max(0, first_pos - int(batch.num_prompt_tokens[i]) + 1))
-        return flat_meta(input_ids[:n_tok], positions[:n_tok], qsl, requests, steps)
+            first_pos = int(layout.positions[int(layout.starts[i])])
+            steps.append(max(0, first_pos - int(self.runner.input_batch.num_prompt_tokens[i]) + 1))
+        return flat_meta(layout.input_ids, layout.positions, layout.starts, requests, steps)
 
     def run(self, input_ids: torch.Tensor) -> None:
         """Prefill every row once; prompt logprobs make vLLM compute logits at every position."""

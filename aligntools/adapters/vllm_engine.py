@@ -22,9 +22,6 @@ from typing import Iterable, Mapping
 import torch
 
 ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
-DTYPES = ("float32", "bfloat16", "float16")
-OPTIONS: dict[str, type] = {"max_model_len": int, "max_num_seqs": int, "prefix_caching": bool, "seed": int}
-"""``vllm`` spec options -> type (``vllm:bfloat16,max_model_len=256``); everything else is fixed."""
 
 
 class VllmUnavailable(RuntimeError):
@@ -43,47 +40,6 @@ def unavailable_reason() -> str | None:
         if " avx2" not in flags:
             return "this CPU lacks AVX2, which vLLM's CPU kernels need"
     return None
-
-
-def parse_options(spec: str, items: Mapping[str, str]) -> dict[str, object]:
-    """``{"max_model_len": "256"}`` -> typed options; unknown names list the valid ones."""
-    out: dict[str, object] = {}
-    for name, text in items.items():
-        if name not in OPTIONS:
-            valid = ", ".join(f"{k}=<{t.__name__}>" for k, t in OPTIONS.items())
-            raise ValueError(f"unknown vllm option {name!r} in {spec!r}; valid options: {valid}")
-        kind = OPTIONS[name]
-        try:
-            out[name] = _to_bool(text) if kind is bool else kind(text)
-        except ValueError:
-            raise ValueError(f"vllm option {name}={text!r} in {spec!r} is not a {kind.__name__}") from None
-    return out
-
-
-def parse_spec(spec: str) -> tuple[str | None, dict[str, object]]:
-    """``vllm[:DTYPE][,option=value...]`` -> (dtype or None, typed options): the ``vllm`` case of
-    the engine-spec grammar (``aligntools.gates.engine_spec``), here so that the rollout adapter
-    reads a run config's spec without importing the gates."""
-    head, *items = [x.strip() for x in spec.strip().replace(":", ",", 1).split(",") if x.strip()]
-    if head != "vllm":
-        raise ValueError(f"engine spec {spec!r} is not a vllm spec: 'vllm[:DTYPE][,option=value...]'")
-    dtype = items.pop(0) if items and "=" not in items[0] else None
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"{dtype!r} in {spec!r} is neither a vllm dtype ({', '.join(DTYPES)}) nor option=value")
-    bad = [x for x in items if "=" not in x]
-    if bad:
-        raise ValueError(f"expected option=value after the dtype in {spec!r}; got {bad}")
-    from minirl.rollout_engine import spec_options  # the one key=value reader: a repeated key is refused
-
-    return dtype, parse_options(spec, spec_options(spec, items))
-
-
-def _to_bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
 
 
 def check_model(path: str | os.PathLike) -> None:
@@ -107,16 +63,16 @@ def check_model(path: str | os.PathLike) -> None:
                              f"(supported: {sizes}); use a model with one of those head sizes")
 
 
-def create_llm(path: str | os.PathLike, dtype: str = "float32", **options: object):
-    """An in-process, eager vLLM ``LLM`` on checkpoint ``path`` (options: see ``OPTIONS``)."""
+def create_llm(path: str | os.PathLike, dtype: str | None = None, **options: object):
+    """An in-process, eager vLLM ``LLM`` on checkpoint ``path``. ``dtype`` None = the ``vllm``
+    engine spec's default (bfloat16, ``minirl.EngineSpec.engine_dtype``); ``options``: those of
+    the spec (``max_model_len``, ``max_num_seqs``, ``prefix_caching``, ``seed``), checked by it."""
     reason = unavailable_reason()
     if reason:
         raise VllmUnavailable(reason)
-    if dtype not in DTYPES:
-        raise ValueError(f"vllm dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-    unknown = set(options) - set(OPTIONS)
-    if unknown:
-        raise ValueError(f"unknown vllm option(s) {sorted(unknown)}; valid options: {', '.join(OPTIONS)}")
+    from minirl import EngineSpec
+
+    dtype = EngineSpec("vllm", dtype, None, options).engine_dtype()  # unknown dtype / option: ValueError
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":

@@ -20,7 +20,8 @@ import os
 
 import torch
 
-from aligntools.adapters.vllm_engine import create_llm, parse_spec, sync_weights
+from aligntools.adapters.build import build_engine
+from aligntools.adapters.vllm_engine import create_llm, sync_weights
 from aligntools.adapters.vllm_routing import RoutingRecorder
 from minirl import Rollout, SamplingParams
 
@@ -34,19 +35,22 @@ class VllmRollouts:
         self.returns_routed_experts = self.routing.is_moe  # R3 can replay them
 
     @classmethod
-    def create(cls, path: str | os.PathLike, dtype: str = "bfloat16", **options: object) -> "VllmRollouts":
-        """A rollout engine over checkpoint ``path`` (vLLM options as in the ``vllm`` engine spec)."""
+    def create(cls, path: str | os.PathLike, dtype: str | None = None, **options: object) -> "VllmRollouts":
+        """A rollout engine over checkpoint ``path`` (dtype and options as in the ``vllm`` engine
+        spec; dtype None = its default, bfloat16)."""
         return cls(create_llm(path, dtype, **options))
 
     @classmethod
-    def from_spec(cls, spec: str, path: str | os.PathLike, dtype: str) -> "VllmRollouts":
-        """``vllm[:DTYPE][,option=value...]`` (the engine-spec grammar of ``mlab check``); the
-        dtype is the run's ``engine_dtype``, and a dtype in the spec must agree with it."""
-        preset, options = parse_spec(spec)
-        if preset is not None and preset != dtype:
-            raise ValueError(f"engine spec {spec!r} names dtype {preset} but engine_dtype is {dtype}; "
-                             f"set engine_dtype: {preset} (or drop the dtype from the spec)")
-        return cls.create(path, dtype, **options)
+    def from_spec(cls, spec: str, path: str | os.PathLike, dtype: str | None = None) -> "VllmRollouts":
+        """``vllm[:DTYPE][,option=value...]`` (``minirl.EngineSpec``, the grammar of ``mlab check``),
+        built by ``build_engine``; ``dtype`` is the run's ``engine_dtype``, and a dtype in the spec
+        must agree with it."""
+        from minirl import EngineSpec
+
+        parsed = EngineSpec.parse(spec)
+        if parsed.kind != "vllm":
+            raise ValueError(f"engine spec {spec!r} is not a vllm spec: 'vllm[:DTYPE][,option=value...]'")
+        return cls(build_engine(parsed, path, dtype))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
         """``params.n`` samples per prompt, prompt-major, with raw logprobs of the sampled tokens."""

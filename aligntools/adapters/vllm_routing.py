@@ -2,11 +2,12 @@
 needs from a vLLM rollout engine on CPU, where vLLM's ``enable_return_routed_experts`` (GPU model
 runner only) is unavailable.
 
-How: the same taps as the capture adapter (``vllm.py``). vLLM's MoE runner calls
-``router.select_experts(hidden, router_logits) -> (topk_weights, topk_ids)``; wrapping it records
-vLLM's routing, nothing recomputed. A forward pre-hook on the model reads each step's token
-layout: ``positions`` / ``input_ids`` from the model call, request boundaries from the forward
-context's ``query_start_loc``, request identity from the runner's ``input_batch.req_ids``.
+How: vLLM's MoE runner calls ``router.select_experts(hidden, router_logits) -> (topk_weights,
+topk_ids)``; ``hook_select_experts`` wraps it and hands vLLM's own routing to a callback, nothing
+recomputed. ``forward_layout`` reads each step's token layout: ``positions`` / ``input_ids``
+from the model call, request boundaries from the forward context's ``query_start_loc``, request
+identity from the runner's ``input_batch.req_ids``. Both are the one copy of these taps: the
+capture adapter (``vllm.py``) uses them too.
 
 vLLM names a request ``{external id}-{8 random chars}`` and, with ``n > 1``, its samples
 ``{index}_{external id}-{8 random chars}``; ``RoutingRecorder.request_for`` inverts that naming and
@@ -23,9 +24,68 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
+
+
+def model_runner(llm: object) -> object:
+    """vLLM's model runner of an in-process ``LLM``, where the model and its hooks live."""
+    runner = llm.collective_rpc(lambda worker: worker.model_runner)[0]
+    if not hasattr(runner, "model"):
+        raise RuntimeError("cannot reach vLLM's model runner from this process: create the LLM with "
+                           "VLLM_ENABLE_V1_MULTIPROCESSING=0 and enforce_eager=True "
+                           "(aligntools.adapters.vllm_engine.create_llm does)")
+    return runner
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One vLLM forward's tokens: ``input_ids`` / ``positions`` [T]; request ``req_ids[i]`` owns
+    rows ``starts[i]:starts[i+1]`` (``starts`` [n_req + 1] int64 on CPU)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    starts: torch.Tensor
+    req_ids: list[str]
+
+
+def forward_layout(runner: object, args: tuple, kwargs: dict) -> Layout:
+    """The token layout of the forward about to run (call from a forward pre-hook on the model):
+    ids and positions from the model call, boundaries from the forward context's
+    ``query_start_loc``, identity from the runner's persistent batch (stable across steps)."""
+    from vllm.forward_context import get_forward_context
+
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+    meta = get_forward_context().attn_metadata
+    meta = next(iter(meta.values())) if isinstance(meta, dict) else meta
+    n_req = runner.input_batch.num_reqs
+    starts = meta.query_start_loc[: n_req + 1].cpu()
+    n_tok = int(starts[-1])  # eager mode pads nothing, but slice to be safe
+    return Layout(input_ids[:n_tok], positions[:n_tok], starts, list(runner.input_batch.req_ids[:n_req]))
+
+
+def hook_select_experts(router: object, on_route: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
+    """Wrap ``router.select_experts`` so each call, after vLLM's own routing, hands
+    ``on_route(router_logits [T, E], topk_weights [T, k], topk_ids [T, k])`` vLLM's result
+    (nothing recomputed). An instance attribute shadows the method; ``unhook_select_experts``
+    removes it."""
+    original = router.select_experts
+
+    @functools.wraps(original)
+    def select_experts(*args, **kwargs):
+        weights, ids = original(*args, **kwargs)  # [T, k], [T, k]
+        on_route(kwargs["router_logits"] if "router_logits" in kwargs else args[1], weights, ids)
+        return weights, ids
+
+    router.select_experts = select_experts
+
+
+def unhook_select_experts(router: object) -> None:
+    """Back to vLLM's own ``select_experts`` (a no-op when not hooked)."""
+    router.__dict__.pop("select_experts", None)
 
 
 @dataclass
@@ -44,10 +104,7 @@ class RoutingRecorder:
     ``rec.routed_experts(rec.request_for(out.request_id, sample.index, n), sequence)``."""
 
     def __init__(self, llm: object) -> None:
-        runner = llm.collective_rpc(lambda worker: worker.model_runner)[0]
-        if not hasattr(runner, "model"):
-            raise RuntimeError("cannot reach vLLM's model runner from this process: create the LLM with "
-                               "aligntools.adapters.vllm_engine.create_llm (in process, eager)")
+        runner = model_runner(llm)
         self.runner = runner
         self.routers = [m.router for m in runner.model.modules()
                         if hasattr(getattr(m, "router", None), "select_experts")]  # layer order
@@ -64,38 +121,25 @@ class RoutingRecorder:
         self._index = None
         self._handle = self.runner.model.register_forward_pre_hook(self._layout, with_kwargs=True)
         for layer, router in enumerate(self.routers):
-            router.select_experts = self._tap(router.select_experts, layer)  # instance attr shadows the method
+            hook_select_experts(router, functools.partial(self._record, layer))
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._handle.remove()
         for router in self.routers:
-            router.__dict__.pop("select_experts", None)
+            unhook_select_experts(router)
 
     def _layout(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        from vllm.forward_context import get_forward_context
+        layout = forward_layout(self.runner, args, kwargs)
+        self.steps.append(_Step(layout.req_ids, layout.starts.tolist(), _copy(layout.positions),
+                                _copy(layout.input_ids)))
 
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        meta = get_forward_context().attn_metadata
-        meta = next(iter(meta.values())) if isinstance(meta, dict) else meta
-        n_req = self.runner.input_batch.num_reqs
-        starts = meta.query_start_loc[: n_req + 1].tolist()
-        n_tok = starts[-1]
-        self.steps.append(_Step(list(self.runner.input_batch.req_ids[:n_req]), starts,
-                                _copy(positions[:n_tok]), _copy(input_ids[:n_tok])))
-
-    def _tap(self, original, layer: int):
-        @functools.wraps(original)
-        def select_experts(*args, **kwargs):
-            weights, ids = original(*args, **kwargs)  # [T, k], [T, k]
-            step = self.steps[-1]
-            if len(step.experts) != layer:
-                raise RuntimeError(f"vLLM called MoE layer {layer} out of order (after {len(step.experts)} layers); "
-                                   f"the routing recorder assumes one call per layer per forward")
-            step.experts.append(_copy(ids[: len(step.tokens)]))
-            return weights, ids
-        return select_experts
+    def _record(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
+        step = self.steps[-1]
+        if len(step.experts) != layer:
+            raise RuntimeError(f"vLLM called MoE layer {layer} out of order (after {len(step.experts)} layers); "
+                               f"the routing recorder assumes one call per layer per forward")
+        step.experts.append(_copy(ids[: len(step.tokens)]))
 
     @staticmethod
     def request_for(request_id: str, index: int, n: int) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 
 from aligntools.analyzer import compiled_rows, sweep
 from aligntools.analyzer import logit_metrics as L
-from aligntools.analyzer.logit_metrics import LOGIT_ROWS, mask_rows
+from aligntools.analyzer.logit_metrics import LOGIT_ROWS
 from aligntools.analyzer.sweep import Job, Rows
 
 PERMILLE = 1e-3
@@ -357,12 +357,3 @@ def aggregate(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Whole-site sums from row sums (maxima stay maxima), as 0-d arrays for ``derive``."""
     return {k: np.asarray(s[k].max(initial=0.0) if k.startswith("max") else s[k].sum()) for k in ROW_SUMS}
 
-
-# ---------------------------------------------------------------- logits
-
-def logit_rows(a: np.ndarray, b: np.ndarray, next_ids: np.ndarray, idx_a: np.ndarray | None = None,
-               idx_b: np.ndarray | None = None, valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Distribution metrics per token from logits a, b [N, V] (``LOGIT_ROWS`` of
-    ``row_metrics``; see ``logit_metrics.logit_chunk``). Rows outside ``valid`` ([N] bool, e.g. not
-    captured on one side) are NaN."""
-    return mask_rows(row_metrics(a, b, idx_a, idx_b, next_ids), valid)

@@ -1,6 +1,6 @@
 """``mlab capture``: capture sites of an engine run to a file, from the command line.
 
-    mlab capture --model PATH --engine hf[:DTYPE]|minirl[:PRESET][,knob=value...]|vllm[:DTYPE][,option=value...]
+    mlab capture --model PATH --engine hf[:DTYPE]|minirl[:PRESET|DTYPE][,knob=value...]|vllm[:DTYPE][,option=value...]
                  (--text "..." | --ids FILE) [--sites "L*.resid_post,logits"]
                  [--mode tensor|stats] [--dtype D] [--budget-bytes N] --out cap.nc|cap.zarr
 
@@ -22,15 +22,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "and save the captured sites "
                     "as netCDF (.nc) or zarr (.zarr), readable later without the model.")
     p.add_argument("--model", required=True, help="HF checkpoint directory (config.json + *.safetensors)")
-    p.add_argument("--engine", default="hf", help="hf[:DTYPE], minirl[:aligned|typical|hf_exact][,knob=value...] or "
-                        "vllm[:DTYPE][,max_model_len=N,max_num_seqs=N,prefix_caching=BOOL,seed=N]")
+    p.add_argument("--engine", default="hf", help="hf[:DTYPE], minirl[:aligned|typical|hf_exact|DTYPE]"
+                   "[,knob=value...] or vllm[:DTYPE][,max_model_len=N,max_num_seqs=N,prefix_caching=BOOL,seed=N]")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="text to tokenize with the checkpoint's tokenizer")
     src.add_argument("--ids", help="JSON file: a list of token-id lists")
     p.add_argument("--sites", default="*", help='glob patterns, comma separated (default "*": all sites)')
     p.add_argument("--mode", choices=["tensor", "stats"], default="tensor",
                    help="tensor: full values; stats: per-token min/max/mean/l2/amax/nan/inf/hash")
-    p.add_argument("--dtype", default=None, help="engine dtype when the engine spec does not fix it")
+    p.add_argument("--dtype", default=None, help="engine dtype when the engine spec names none (default: hf "
+                   "float32, vllm bfloat16, minirl bfloat16 for typical and float32 for the aligned presets)")
     p.add_argument("--budget-bytes", type=int, default=None, help="stop (error) before the capture exceeds this")
     p.add_argument("--out", required=True, help="output file: *.nc (netCDF) or *.zarr")
     p.set_defaults(func=run)
@@ -39,17 +40,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check every input, load the engine, capture; the output is written only by a finished run."""
     import aligntools
-    from aligntools.cli.inputs import UsageError, check_dtype, checkpoint_config
-    from aligntools.gates.engine_spec import load_target, parse_engine_spec
+    from aligntools.adapters.build import build_engine
+    from aligntools.cli.inputs import UsageError, checkpoint_config, engine_spec
     from aligntools.tracker.journal import partial_path
     from aligntools.tracker.recorder import CaptureBudgetExceeded
 
     config = checkpoint_config(args.model)
-    parse_engine_spec(args.engine)
-    check_dtype(args.dtype)
+    spec = engine_spec(args.engine, args.dtype)
     ids = _input_ids(args, config)
     try:
-        target = load_target(args.engine, args.model, args.dtype)
+        target = build_engine(spec, args.model)
     except (ValueError, OSError, RuntimeError, KeyError) as e:
         raise UsageError(f"cannot load {args.model} as {args.engine}: {type(e).__name__}: {e}") from e
     try:

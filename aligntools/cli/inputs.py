@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-DTYPES = ("float32", "bfloat16", "float16", "float64")
+from aligntools.gates.inputs import UsageError  # the one usage-error class (raised here, re-exported for the CLI)
 
-
-class UsageError(ValueError):
-    """Bad command-line input (exit code 2); the message is the one line the user sees."""
+if TYPE_CHECKING:
+    from minirl import EngineSpec
 
 
 def checkpoint_config(path: str) -> dict:
@@ -44,9 +44,17 @@ def common_names(config: dict) -> dict:
     return {**{name: config[alias] for name, alias in aliases.items() if alias in config}, **config}
 
 
-def check_dtype(dtype: str | None) -> None:
-    if dtype is not None and dtype not in DTYPES:
-        raise UsageError(f"--dtype {dtype!r} is not a dtype; choose one of {', '.join(DTYPES)}")
+def engine_spec(text: str, dtype: str | None) -> EngineSpec:
+    """``--engine`` and ``--dtype`` as one checked ``EngineSpec`` with its dtype resolved: a dtype
+    the engine lacks (``vllm`` + ``--dtype float64``) or two dtypes that disagree are refused here,
+    before any model loads."""
+    from minirl import EngineSpec
+
+    try:
+        spec = EngineSpec.parse(text)
+        return spec.replace(dtype=spec.engine_dtype(dtype))
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"--dtype {dtype} with --engine {text}: {e}" if dtype else str(e)) from e
 
 
 def ids_from_json(text: str, source: str) -> list[list[int]]:

@@ -1,5 +1,5 @@
 """What the gates take in: a checkpoint directory, token ids, and engine specs - checked before
-anything heavy runs, so every bad input is a ``GateUsageError`` (CLI exit 2) naming the problem.
+anything heavy runs, so every bad input is a ``UsageError`` (CLI exit 2) naming the problem.
 
 The built-in text (``corpus_text``) ships inside the package (``aligntools/data``), so it is found
 in an installed copy as well as in a checkout.
@@ -18,11 +18,17 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from minirl import Knobs
+    from minirl import EngineSpec, Knobs
 
 
-class GateUsageError(ValueError):
-    """Bad input to the gate (path, engine spec, knob, checkpoint, tolerance file): exit code 2."""
+class UsageError(ValueError):
+    """Bad input (a path, engine spec, knob, token ids, checkpoint, tolerance file), found before
+    anything heavy runs: ``mlab`` exits 2 with the message as its one line. One class for the
+    gate's API and every CLI command, so a caller catches one type whichever refused the input."""
+
+
+GateUsageError = UsageError
+"""The gate's public name for ``UsageError`` (``aligntools.gates.GateUsageError``)."""
 
 
 def corpus_text() -> str:
@@ -32,22 +38,22 @@ def corpus_text() -> str:
 
 def validate_checkpoint(path: str | os.PathLike) -> Path:
     """An HF checkpoint directory whose config.json and safetensors headers read, else a
-    ``GateUsageError`` that says what is wrong (no model is loaded here)."""
+    ``UsageError`` that says what is wrong (no model is loaded here)."""
     p = Path(path)
     if not p.exists():
-        raise GateUsageError(f"model path {p} does not exist")
+        raise UsageError(f"model path {p} does not exist")
     cfg = p / "config.json"
     if not p.is_dir() or not cfg.is_file():
-        raise GateUsageError(f"{p} is not an HF checkpoint directory (no config.json)")
+        raise UsageError(f"{p} is not an HF checkpoint directory (no config.json)")
     try:
         config = json.loads(cfg.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GateUsageError(f"unreadable checkpoint {p}: config.json: {e}") from e
+        raise UsageError(f"unreadable checkpoint {p}: config.json: {e}") from e
     if not isinstance(config, dict):
-        raise GateUsageError(f"unreadable checkpoint {p}: config.json holds a {type(config).__name__}, not an object")
+        raise UsageError(f"unreadable checkpoint {p}: config.json holds a {type(config).__name__}, not an object")
     files = sorted(p.glob("*.safetensors"))
     if not files:
-        raise GateUsageError(f"unreadable checkpoint {p}: no *.safetensors weights")
+        raise UsageError(f"unreadable checkpoint {p}: no *.safetensors weights")
     from safetensors import safe_open
 
     names: list[str] = []
@@ -56,7 +62,7 @@ def validate_checkpoint(path: str | os.PathLike) -> Path:
             with safe_open(str(f), framework="pt") as st:
                 names += list(st.keys())
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-            raise GateUsageError(f"unreadable checkpoint {p}: {f.name}: {e}") from e
+            raise UsageError(f"unreadable checkpoint {p}: {f.name}: {e}") from e
     _check_layer_count(p, config, names)
     return p
 
@@ -67,9 +73,9 @@ def _check_layer_count(path: Path, config: dict, names: list[str]) -> None:
     declared = config.get("num_hidden_layers")
     found = {int(n.split(".")[2]) for n in names if n.startswith("model.layers.") and n.split(".")[2].isdigit()}
     if isinstance(declared, int) and found and len(found) != declared:
-        raise GateUsageError(f"checkpoint {path}: config.json says num_hidden_layers={declared} but the weights "
-                             f"hold {len(found)} layers (indices {min(found)}..{max(found)}); the missing layers "
-                             f"would be random. Fix config.json or the weights")
+        raise UsageError(f"checkpoint {path}: config.json says num_hidden_layers={declared} but the weights "
+                         f"hold {len(found)} layers (indices {min(found)}..{max(found)}); the missing layers "
+                         f"would be random. Fix config.json or the weights")
 
 
 def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> torch.Tensor:
@@ -78,24 +84,24 @@ def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> t
     equal-length sequences (no padding, so both engines see exactly the same rows)."""
     if isinstance(tokens, torch.Tensor):
         if tokens.dim() != 2 or tokens.shape[1] < 2:
-            raise GateUsageError(f"token ids must be [batch, seq >= 2]; got {tuple(tokens.shape)}")
+            raise UsageError(f"token ids must be [batch, seq >= 2]; got {tuple(tokens.shape)}")
         if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-            raise GateUsageError(f"tokens: token ids must be an integer tensor; got {tokens.dtype} (a cast would "
-                                 f"truncate 5.7 to 5 and gate other tokens than given). Give integer ids, e.g. "
-                                 f"torch.tensor(ids, dtype=torch.long)")
+            raise UsageError(f"tokens: token ids must be an integer tensor; got {tokens.dtype} (a cast would "
+                             f"truncate 5.7 to 5 and gate other tokens than given). Give integer ids, e.g. "
+                             f"torch.tensor(ids, dtype=torch.long)")
         return tokens.long()
     if isinstance(tokens, bool) or not hasattr(type(tokens), "__index__"):  # int, numpy ints; not 2.5
-        raise GateUsageError(f"tokens must be a count of built-in text tokens (an int such as 256) or token ids "
-                             f"[batch, seq] (an integer torch.Tensor); got {type(tokens).__name__} {tokens!r:.40}")
+        raise UsageError(f"tokens must be a count of built-in text tokens (an int such as 256) or token ids "
+                         f"[batch, seq] (an integer torch.Tensor); got {type(tokens).__name__} {tokens!r:.40}")
     if int(tokens) < 2 * n_seqs:
-        raise GateUsageError(f"--tokens must be at least {2 * n_seqs}; got {tokens}")
+        raise UsageError(f"--tokens must be at least {2 * n_seqs}; got {tokens}")
     _check_positions(path, int(tokens) // n_seqs, n_seqs)
     import transformers
 
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # noqa: BLE001 - transformers raises many types for a bad tokenizer
-        raise GateUsageError(f"unreadable checkpoint {path}: cannot load its tokenizer: {e}") from e
+        raise UsageError(f"unreadable checkpoint {path}: cannot load its tokenizer: {e}") from e
     ids = tok(corpus_text())["input_ids"]
     ids = (ids * (1 + int(tokens) // max(len(ids), 1)))[: int(tokens)]
     seq = int(tokens) // n_seqs
@@ -104,24 +110,32 @@ def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> t
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """The training engine: transformers in ``dtype`` with ``options`` (``attn``, ``experts``;
-    absent = transformers' own defaults, what a stock trainer runs)."""
+    """The training engine: transformers, an ``hf`` ``EngineSpec`` with its dtype resolved
+    (``options``: ``attn``, ``experts``; absent = transformers' own defaults, what a stock
+    trainer runs)."""
 
-    dtype: str
-    options: dict
+    spec: EngineSpec
+
+    @property
+    def dtype(self) -> str:
+        return self.spec.dtype
+
+    @property
+    def options(self) -> dict:
+        return self.spec.options
 
     @property
     def label(self) -> str:
-        return f"hf:{self.dtype}" + "".join(f",{k}={v}" for k, v in self.options.items())
+        return str(self.spec)
 
 
 def parse_train(spec: str) -> TrainSpec:
     """``hf`` -> float32, ``hf:bfloat16,attn=eager`` -> bfloat16 with eager attention."""
-    name, dtype, options = _parse(spec)
-    if name != "hf":
-        raise GateUsageError(f"--train must be hf[:DTYPE][,attn=...][,experts=...] (the transformers training "
-                             f"engine); got {spec!r}")
-    return TrainSpec(dtype or "float32", options)
+    parsed = _parse(spec)
+    if parsed.kind != "hf":
+        raise UsageError(f"--train must be hf[:DTYPE][,attn=...][,experts=...] (the transformers training "
+                         f"engine); got {spec!r}")
+    return TrainSpec(parsed.replace(dtype=parsed.engine_dtype()))
 
 
 def _check_positions(path: Path, seq: int, n_seqs: int) -> None:
@@ -132,20 +146,44 @@ def _check_positions(path: Path, seq: int, n_seqs: int) -> None:
     except (OSError, ValueError, AttributeError):
         return  # validate_checkpoint reports an unreadable config
     if isinstance(max_pos, int) and not isinstance(max_pos, bool) and seq > max_pos:
-        raise GateUsageError(f"--tokens {seq * n_seqs} makes {n_seqs} sequences of {seq} tokens, over the model's "
-                             f"max_position_embeddings {max_pos}; use --tokens {n_seqs * max_pos} or fewer")
+        raise UsageError(f"--tokens {seq * n_seqs} makes {n_seqs} sequences of {seq} tokens, over the model's "
+                         f"max_position_embeddings {max_pos}; use --tokens {n_seqs * max_pos} or fewer")
 
 
 @dataclass(frozen=True)
 class InferSpec:
-    """The inference side: ``engine`` (``minirl`` or ``vllm``), its preset (minirl Knobs preset;
-    "" for vllm), dtype, the options given in the spec, and the minirl knobs they make."""
+    """The inference side: its ``EngineSpec`` as given, with the dtype (and minirl's preset)
+    resolved, and the trainer's attention backend the aligned presets follow (``following``)."""
 
-    engine: str
-    preset: str
-    dtype: str
-    overrides: dict
-    knobs: Knobs | None = None
+    spec: EngineSpec
+    attention: str | None = None
+
+    @property
+    def engine(self) -> str:
+        return self.spec.kind
+
+    @property
+    def preset(self) -> str:
+        return self.spec.preset or ""
+
+    @property
+    def dtype(self) -> str:
+        return self.spec.dtype
+
+    @property
+    def overrides(self) -> dict:
+        return self.spec.options
+
+    @property
+    def built(self) -> EngineSpec:
+        """The spec the engine is built from: the given one plus the followed attention."""
+        return self.spec.replace(options={**self.spec.options, "attention": self.attention}) if self.attention \
+            else self.spec
+
+    @property
+    def knobs(self) -> Knobs | None:
+        """minirl's knobs (None for vLLM)."""
+        return self.built.knobs() if self.engine == "minirl" else None
 
     @property
     def label(self) -> str:
@@ -157,19 +195,15 @@ class InferSpec:
         """The aligned presets (``aligned``, ``hf_exact``) mean the trainer's own attention kernel
         (``hf_exact`` is bit-exact only then): without an explicit ``attention=`` override they
         take the one the training model runs. vLLM runs its own kernels: unchanged."""
-        if self.knobs is None or self.preset == "typical" or "attention" in self.overrides:
+        if self.engine != "minirl" or self.preset == "typical" or "attention" in self.overrides:
             return self
-        return dataclasses.replace(self, knobs=self.knobs.replace(**follow_attention(train_attention)))
+        return dataclasses.replace(self, attention=follow_attention(train_attention).get("attention"))
 
     def build(self, path: Path) -> object:
-        """The engine itself: a minirl ``Engine`` or an in-process vLLM ``LLM``."""
-        if self.engine == "vllm":
-            from aligntools.adapters.vllm_engine import create_llm
+        """The engine itself (``build_engine``): a minirl ``Engine`` or an in-process vLLM ``LLM``."""
+        from aligntools.adapters.build import build_engine
 
-            return create_llm(path, self.dtype, **self.overrides)
-        from minirl import Engine
-
-        return Engine.from_pretrained(path, dtype=self.dtype, knobs=self.knobs)
+        return build_engine(self.built, path)
 
     def settings(self, engine: object) -> dict:
         """What the report records about the engine: minirl's knobs, or vLLM's version and settings."""
@@ -186,41 +220,46 @@ def follow_attention(train_attention: str | None) -> dict[str, str]:
 
 
 def parse_infer(spec: str, dtype: str | None) -> InferSpec:
-    """``minirl[:PRESET][,knob=value...]`` or ``vllm[:DTYPE][,option=value...]``. A minirl preset
-    sets the default dtype: bfloat16 for ``typical`` (what inference servers run), float32 for the
-    aligned presets; vLLM defaults to bfloat16, like a server."""
-    from aligntools.gates.engine_spec import minirl_default_dtype, minirl_knobs
-
-    name, preset, overrides = _parse(spec)
-    if name == "vllm":
+    """``minirl[:PRESET|DTYPE][,knob=value...]`` or ``vllm[:DTYPE][,option=value...]``; the dtype
+    is the spec's, else ``dtype``, else ``EngineSpec.engine_dtype``'s default (minirl: bfloat16
+    for ``typical``, float32 for the aligned presets; vllm: bfloat16, like a server)."""
+    parsed = _parse(spec)
+    if parsed.kind == "vllm":
         from aligntools.adapters.vllm_engine import unavailable_reason
 
         reason = unavailable_reason()
         if reason:
-            raise GateUsageError(f"--infer {spec}: {reason}")
-        return InferSpec("vllm", "", preset or dtype or "bfloat16", overrides)
-    if name != "minirl":
-        raise GateUsageError(f"--infer must be minirl[:PRESET][,knob=value...] or vllm[:DTYPE][,option=value...]; "
-                             f"got {spec!r}")
-    preset = preset or "typical"
-    return InferSpec("minirl", preset, dtype or minirl_default_dtype(preset), overrides, minirl_knobs(preset, overrides))
+            raise UsageError(f"--infer {spec}: {reason}")
+    elif parsed.kind != "minirl":
+        raise UsageError(f"--infer must be minirl[:PRESET][,knob=value...] or vllm[:DTYPE][,option=value...]; "
+                         f"got {spec!r}")
+    try:
+        resolved = parsed.replace(dtype=parsed.engine_dtype(dtype))
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    if parsed.kind == "minirl":
+        resolved = resolved.replace(preset=parsed.preset or "typical")
+    return InferSpec(resolved)
 
 
-def _parse(spec: str) -> tuple[str, str | None, dict]:
-    """The shared engine-spec grammar (``aligntools.gates.engine_spec``); its errors are usage errors."""
-    from aligntools.gates.engine_spec import parse_engine_spec
+def _parse(spec: str) -> EngineSpec:
+    """The one engine-spec grammar (``minirl.EngineSpec``); its errors are usage errors."""
+    from minirl import EngineSpec
 
     try:
-        return parse_engine_spec(spec)
-    except ValueError as e:
-        raise GateUsageError(str(e)) from e
+        return EngineSpec.parse(spec)
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from e
 
 
 def load_hf(path: Path, dtype: str, **options: str):
-    """The training engine (``engine_spec.load_hf``); an unreadable checkpoint is a usage error."""
-    from aligntools.gates import engine_spec
+    """The training engine (``build_engine`` of an ``hf`` spec); an unreadable checkpoint is a
+    usage error."""
+    from aligntools.adapters.build import build_engine
+    from minirl import EngineSpec
 
+    spec = EngineSpec("hf", dtype, None, options)
     try:
-        return engine_spec.load_hf(path, dtype, **options)
+        return build_engine(spec, path)
     except Exception as e:  # noqa: BLE001 - a bad checkpoint surfaces as many error types
-        raise GateUsageError(f"unreadable checkpoint {path}: {type(e).__name__}: {e}") from e
+        raise UsageError(f"unreadable checkpoint {path}: {type(e).__name__}: {e}") from e

@@ -149,8 +149,9 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
     are computed (``Engine.score``), one training pass reused, so a knob evaluation costs one
     inference prefill.
     """
-    from minirl import Engine, Knobs  # noqa: F811 - lazy: importing aligntools must not import minirl
+    from minirl import EngineSpec, Knobs  # noqa: F811 - lazy: importing aligntools must not import minirl
 
+    from aligntools.adapters.build import build_engine
     from aligntools.gates.inputs import follow_attention, load_hf, parse_train, prepare_tokens, validate_checkpoint
 
     path = validate_checkpoint(model_path)
@@ -178,7 +179,8 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
     differing = {k: v for k, v in pairs.items() if (k in knobs if knobs is not None else v[0] != v[1])}
 
     def gap(changes: dict[str, object]) -> float:
-        engine = Engine.from_pretrained(path, dtype=dtype, knobs=infer_knobs.replace(**changes))
+        knobs = infer_knobs.replace(**changes).to_dict()  # every knob as an option: the spec's preset is moot
+        engine = build_engine(EngineSpec("minirl", dtype, None, knobs), path)
         lp = torch.stack(engine.score(seqs))  # [B, S-1]
         return float((lp - ref).abs().mean())
 
@@ -190,13 +192,12 @@ def _knobs_argument(name: str, value: object) -> Knobs | None:
     """``value`` as Knobs: a Knobs passes, a preset name (``"typical"``) is looked up, None
     stays None; anything else is refused here, before a model loads (a string used to fail
     as "'str' object has no attribute 'to_dict'" after the trainer's forward)."""
-    from aligntools.gates.engine_spec import MINIRL_PRESETS
-    from minirl import Knobs  # noqa: F811 - lazy, as in attribute()
+    from minirl import EngineSpec, Knobs  # noqa: F811 - lazy, as in attribute()
 
     if value is None or isinstance(value, Knobs):
         return value
-    if isinstance(value, str) and value in MINIRL_PRESETS:
-        return Knobs.preset(value)
+    if isinstance(value, str) and value in EngineSpec.PRESETS:
+        return EngineSpec("minirl", preset=value).knobs()
     raise (ValueError if isinstance(value, str) else TypeError)(
         f"{name}={value!r:.60}: must be a minirl Knobs (e.g. Knobs.typical_inference()) or a preset name, one "
-        f"of {', '.join(MINIRL_PRESETS)}")
+        f"of {', '.join(EngineSpec.PRESETS)}")

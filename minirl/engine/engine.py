@@ -143,7 +143,16 @@ class Engine:
         n_gen = budget.clone()  # rows that end by length; a row that stops gets its count then
         finish_stop = torch.zeros(r_total, dtype=torch.bool)
 
-        logits, prompt_routing = self._prefill(rows, cache)  # [R, V], list of [P, n_moe, k] | None
+        if self.knobs.share_prefill and cache is not None and params.n > 1:
+            # Each prompt once into cache rows 0..len(prompts)-1, then spread to its n samples.
+            first = list(range(0, r_total, params.n))  # each prompt's first rollout (taps' request id)
+            logits, prompt_routing = self._prefill([list(p) for p in prompts], first, cache)
+            owner = torch.arange(r_total) // params.n  # rollout -> its prompt's prefilled row
+            cache.keep(owner)
+            logits = logits[owner]
+            prompt_routing = None if prompt_routing is None else [prompt_routing[i] for i in owner.tolist()]
+        else:
+            logits, prompt_routing = self._prefill(rows, list(range(r_total)), cache)  # [R, V], [P, n_moe, k]s
         alive = torch.arange(r_total)  # rollout id of each live row (= its KV-cache row)
         t, first_end = 0, int(budget.min())  # decode steps after which the first row ends by length
         # inference_mode: no version counters or autograd keys on the step's temporaries (~15 %
@@ -185,14 +194,13 @@ class Engine:
             prompt_routed_experts=None if prompt_routing is None else prompt_routing[r],
         ) for r in range(r_total)]
 
-    def _prefill(self, rows: list[list[int]], cache: KVCache | None
+    def _prefill(self, rows: list[list[int]], requests: list[int], cache: KVCache | None
                  ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """Prefill every rollout's prompt into cache rows 0..R-1 -> (last-position logits [R, V],
-        per-rollout prompt routing [P, n_moe, k] or None)."""
+        """Prefill ``rows`` (taps' request ids ``requests``) into cache rows 0..len(rows)-1 ->
+        (last-position logits [len(rows), V], per-row prompt routing [P, n_moe, k] or None)."""
         logits, routing = [], []
         for group in self._groups(len(rows)):
-            batch = ForwardBatch.prefill(rows[group], list(range(group.start, group.stop)),
-                                         cache_start=group.start)
+            batch = ForwardBatch.prefill(rows[group], requests[group], cache_start=group.start)
             lg, rt = self.model.forward(batch, cache, self._taps, logits_rows=batch.last_rows)
             logits.append(lg)
             if rt is not None:

@@ -15,7 +15,8 @@ def test_zoo_list_prints_every_model(capsys):
         assert name in out
 
 
-def test_zoo_build_prints_the_checkpoint(tmp_path, capsys):
+def test_zoo_build_prints_the_checkpoint(tmp_path, capsys, short_zoo_recipe):
+    short_zoo_recipe("tiny-qwen3")
     assert main(["zoo", "build", "tiny-qwen3", "--out", str(tmp_path / "m"), "--seed", "1"]) == 0
     assert str(tmp_path / "m") in capsys.readouterr().out
     assert (tmp_path / "m" / "model.safetensors").exists()

@@ -120,7 +120,8 @@ def test_grpo_and_drgrpo_advantages():
     std = math.sqrt(((0.75 ** 2) + 3 * 0.25 ** 2) / 3)
     torch.testing.assert_close(a[:4], torch.tensor([0.75, -0.25, -0.25, -0.25]) / (std + 1e-6))
     torch.testing.assert_close(a[4:], torch.zeros(4))  # all-correct group: no signal
-    torch.testing.assert_close(advantages.drgrpo_advantages(r, 4)[:4], torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    dr = advantages.grpo_advantages(r, 4, normalize_std=False)  # Dr.GRPO: TrainConfig(advantage="drgrpo")
+    torch.testing.assert_close(dr[:4], torch.tensor([0.75, -0.25, -0.25, -0.25]))
 
 
 def test_advantages_bad_input():

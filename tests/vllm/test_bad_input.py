@@ -29,10 +29,10 @@ def test_unknown_spec_option_lists_the_valid_ones():
         parse_engine_spec("vllm:bfloat16,kv_cache=4")
     with pytest.raises(ValueError, match="not a int"):
         parse_engine_spec("vllm,max_model_len=big")
-    with pytest.raises(ValueError, match="presets: float32, bfloat16"):
+    with pytest.raises(ValueError, match=r"'int8' is not a vllm dtype \(float32, bfloat16, float16\)"):
         parse_engine_spec("vllm:int8")
-    assert parse_engine_spec("vllm:bfloat16,max_model_len=128,prefix_caching=off") == (
-        "vllm", "bfloat16", {"max_model_len": 128, "prefix_caching": False})
+    spec = parse_engine_spec("vllm:bfloat16,max_model_len=128,prefix_caching=off")
+    assert (spec.kind, spec.dtype, spec.options) == ("vllm", "bfloat16", {"max_model_len": 128, "prefix_caching": False})
 
 
 @needs_vllm

@@ -11,6 +11,12 @@ from aligntools.analyzer import metrics as M
 from aligntools.analyzer.routing_diff import topk_rows
 
 
+def logit_rows(a, b, next_ids, valid=None):
+    """Per-token logits metrics as the analyzer computes them: ``row_metrics`` with the next
+    ids, rows outside ``valid`` NaN (``mask_rows``)."""
+    return L.mask_rows(M.row_metrics(a, b, next_ids=next_ids), valid)
+
+
 def site_metrics(a, b, **kw):
     return {k: float(v) for k, v in M.derive(M.aggregate(M.row_sums(a, b, **kw))).items()}
 
@@ -85,7 +91,7 @@ def test_logit_metrics_match_torch():
     a = rng.standard_normal((6, 11)).astype(np.float32) * 3
     b = (a + 0.05 * rng.standard_normal(a.shape)).astype(np.float32)
     nxt = np.array([1, 4, 0, 10, -1, 3])
-    r = M.logit_rows(a, b, nxt)
+    r = logit_rows(a, b, nxt)
     la, lb = (torch.log_softmax(torch.tensor(x, dtype=torch.float64), -1) for x in (a, b))
     kl = (la.exp() * (la - lb)).sum(-1).numpy()
     np.testing.assert_allclose(r["kl"], kl, rtol=1e-10)
@@ -113,7 +119,7 @@ def test_all_nan_row_on_one_side_is_missing_not_a_nan_finding():
     rows = M.derive(s)
     assert rows["missing_b"].tolist() == [0, 1, 0] and rows["nonfinite_mismatch"].sum() == 0
     assert np.isnan(rows["rel_l2"][1]) and rows["rel_l2"][0] == pytest.approx(0.01, rel=1e-5)
-    lr = M.logit_rows(a, b, np.array([0, 1, -1]), valid=s["n_valid"] > 0)
+    lr = logit_rows(a, b, np.array([0, 1, -1]), valid=s["n_valid"] > 0)
     assert np.isnan(lr["top1"][1]) and L.logit_summary(lr)["top1_agree"] == 1.0
 
 
@@ -121,6 +127,6 @@ def test_kl_with_masked_vocab_entries():
     """-inf logits (a masked vocabulary) on both sides contribute nothing, not NaN."""
     a = np.array([[0.0, 1.0, -np.inf], [2.0, 0.5, -np.inf]], dtype=np.float32)
     b = a + np.array([[0.1, 0.0, 0.0], [0.0, 0.2, 0.0]], dtype=np.float32)
-    r = M.logit_rows(a, b, np.array([1, -1]))
+    r = logit_rows(a, b, np.array([1, -1]))
     la, lb = (torch.log_softmax(torch.tensor(x[:, :2], dtype=torch.float64), -1) for x in (a, b))
     np.testing.assert_allclose(r["kl"], (la.exp() * (la - lb)).sum(-1).numpy(), rtol=1e-9)

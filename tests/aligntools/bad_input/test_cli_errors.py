@@ -17,7 +17,7 @@ def _copy(src, dest):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--dtype", "float17", "--text", "hi"], "--dtype 'float17' is not a dtype"),
+    (["--dtype", "float17", "--text", "hi"], "--dtype float17 with --engine hf: 'float17' is not a hf dtype"),
     (["--text", ""], "--text gives no tokens"),
     (["--text", "a b " * 50_000], "over the model's max_position_embeddings 512"),
     (["--ids", "[[5.0, 6.7]]"], "token ids must be integers; request 0 position 0 is 5.0"),
@@ -29,7 +29,7 @@ def _copy(src, dest):
     (["--ids", "{}"], "expected a JSON list of token-id lists"),
     (["--ids", "[[5, 6"], "not JSON"),
     (["--engine", "minirl,tp=abc", "--text", "hi"], "knob tp expects"),
-    (["--engine", "hf:float17", "--text", "hi"], "unknown hf preset 'float17'"),
+    (["--engine", "hf:float17", "--text", "hi"], "'float17' is not a hf dtype (float32, bfloat16, float16, float64)"),
 ])
 def test_capture_input_errors(llama, tmp_path, mlab, args, message):
     if args[0] == "--ids":

@@ -41,8 +41,8 @@ def test_one_divergent_knob_on_an_aligned_engine_fails(moe, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--model", "/nonexistent/model"], "does not exist"),
     (["--infer", "minirl:aligned,not_a_knob=1"], "unknown knob"),
-    (["--infer", "minirl:fastest"], "preset 'fastest'"),
-    (["--train", "hf:int8"], "preset 'int8'"),
+    (["--infer", "minirl:fastest"], "'fastest' is not a minirl preset or dtype"),
+    (["--train", "hf:int8"], "'int8' is not a hf dtype"),
     (["--tokens", "3"], "--tokens"),
     (["--train", "minirl"], "--train must be hf"),
     (["--infer", "hf:bfloat16"], "--infer must be minirl"),

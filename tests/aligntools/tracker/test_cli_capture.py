@@ -11,29 +11,31 @@ import pytest
 from aligntools import Capture
 from aligntools.cli.capture import register
 from aligntools.gates.engine_spec import parse_engine_spec
+from minirl import EngineSpec
 
 
 @pytest.mark.parametrize("spec, expected", [
-    ("hf", ("hf", None, {})),
-    ("hf:bfloat16", ("hf", "bfloat16", {})),
-    ("minirl", ("minirl", None, {})),
-    ("minirl:aligned", ("minirl", "aligned", {})),
-    ("minirl:typical", ("minirl", "typical", {})),
-    ("minirl:hf_exact", ("minirl", "hf_exact", {})),
-    ("minirl,rmsnorm=hf", ("minirl", None, {"rmsnorm": "hf"})),
-    ("minirl:aligned,rmsnorm=fused_add", ("minirl", "aligned", {"rmsnorm": "fused_add"})),
+    ("hf", ("hf", None, None, {})),
+    ("hf:bfloat16", ("hf", "bfloat16", None, {})),
+    ("minirl", ("minirl", None, None, {})),
+    ("minirl:aligned", ("minirl", None, "aligned", {})),
+    ("minirl:typical", ("minirl", None, "typical", {})),
+    ("minirl:hf_exact", ("minirl", None, "hf_exact", {})),
+    ("minirl:float32", ("minirl", "float32", None, {})),
+    ("minirl,rmsnorm=hf", ("minirl", None, None, {"rmsnorm": "hf"})),
+    ("minirl:aligned,rmsnorm=fused_add", ("minirl", None, "aligned", {"rmsnorm": "fused_add"})),
     ("minirl:tp=2,batch_invariant=true,rmsnorm_eps=none",
-     ("minirl", None, {"tp": 2, "batch_invariant": True, "rmsnorm_eps": None})),
-    ("minirl:aligned,rmsnorm_eps=1e-5", ("minirl", "aligned", {"rmsnorm_eps": 1e-5})),
+     ("minirl", None, None, {"tp": 2, "batch_invariant": True, "rmsnorm_eps": None})),
+    ("minirl:aligned,rmsnorm_eps=1e-5", ("minirl", None, "aligned", {"rmsnorm_eps": 1e-5})),
 ])
 def test_parse_engine_spec(spec, expected):
-    assert parse_engine_spec(spec) == expected
+    assert parse_engine_spec(spec) == EngineSpec(*expected)
 
 
 @pytest.mark.parametrize("spec, message", [
     ("sglang", "unknown engine .sglang."),
     ("vllm,gpu_layers=2", "unknown vllm option .gpu_layers."),
-    ("minirl:fast", "unknown minirl preset 'fast'"),
+    ("minirl:fast", "'fast' is not a minirl preset or dtype \\(aligned, typical, hf_exact, float32"),
     ("minirl:aligned,rmsnrom=hf", "unknown knob 'rmsnrom'; valid knobs: rmsnorm"),
     ("minirl:tp=two", "knob tp expects"),
     ("minirl:batch_invariant=maybe", "is a bool"),

@@ -98,3 +98,26 @@ def test_validate_is_the_one_place_knob_values_are_checked():
     with pytest.raises(ValueError, match="unknown knob 'tpp'"):
         Knobs.parse_value("tpp", "2")
     assert Knobs.parse_value("batch_invariant", "off") is False and Knobs.parse_value("rmsnorm_eps", "none") is None
+
+
+@pytest.mark.parametrize("preset", ["aligned", "typical"])
+def test_share_prefill_matches_per_sample_prefill(engine, prompts, preset):
+    """Prefilling each prompt once and copying its KV rows to its samples is exact when every
+    request is computed alone (``aligned``: batch-invariant) and fp32-close when batched."""
+    params = SamplingParams(n=3, max_new_tokens=6, seed=4, ignore_eos=True)
+    knobs = Knobs.preset(preset)
+    base = engine("tiny-qwen3-moe", "float32", knobs).generate(prompts, params)
+    shared_engine = engine("tiny-qwen3-moe", "float32", knobs.replace(share_prefill=True))
+    prefill_rows = []
+    shared_engine.add_tap(lambda site, value, meta: prefill_rows.append(meta.request) if meta.step == 0 else None)
+    shared = shared_engine.generate(prompts, params)
+    assert [r.prompt_ids for r in shared] == [r.prompt_ids for r in base]
+    assert {int(i) for rows in prefill_rows for i in rows} == {0, 3, 6}  # each prompt once, first sample's id
+    for a, b in zip(shared, base):
+        assert torch.equal(a.prompt_routed_experts, b.prompt_routed_experts)
+        if preset == "aligned":
+            assert a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs)
+            assert torch.equal(a.routed_experts, b.routed_experts)
+        else:  # the first token comes from the prefill's logits: same draw, logprob within fp32 noise
+            assert a.token_ids[0] == b.token_ids[0]
+            assert torch.allclose(a.logprobs[:1], b.logprobs[:1], atol=1e-4)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import aligntools
-from aligntools.gates.engine_spec import minirl_knobs, parse_engine_spec
+from aligntools.gates.engine_spec import parse_engine_spec
 from aligntools.gates.inputs import prepare_tokens
 from labs.cli import main
 from minirl import Engine, Knobs, read_safetensors
@@ -62,8 +62,9 @@ def test_unknown_format_names_the_valid_ones(zoo):
 
 
 def test_engine_spec_and_mlab_check_take_the_knob(zoo, capsys):
-    assert parse_engine_spec("minirl:typical,weights=int4") == ("minirl", "typical", {"weights": "int4"})
-    assert minirl_knobs("typical", {"weights": "int4"}) == Knobs(weights="int4")
+    spec = parse_engine_spec("minirl:typical,weights=int4")
+    assert (spec.preset, spec.options) == ("typical", {"weights": "int4"})
+    assert spec.knobs() == Knobs(weights="int4")
     assert main(["check", "--model", str(zoo(MOE)), "--infer", "minirl:typical,weights=int4", "--tokens", "96"]) == 1
     verdict = [line for line in capsys.readouterr().out.splitlines() if line.startswith("MISALIGNED")]
     assert verdict and "weights=int4" in verdict[0]
