@@ -47,3 +47,21 @@ def test_roc_entry_runs_small(tmp_path, capsys):
     assert 0 <= s["numbers"]["GRPO_end"] <= 1 and 0 <= s["numbers"]["GRPO-RoC_end"] <= 1
     assert {"curves.nc", "roc_fig4.png"} <= set(s["files"])
     assert "python -m labs.reproduce --only roc --small" in capsys.readouterr().out
+
+
+def test_real_model_figure_draws_held_out_accuracy_only_where_evaluated():
+    from minirl import run_log
+
+    rows = [{"step": 0, "reward": 0.25, "eval_accuracy": 0.2}, {"step": 1, "reward": 0.5},
+            {"step": 2, "reward": 0.75, "eval_accuracy": 0.4}]
+    acc, reward = reproduce.real_model_figure(run_log.to_dataset(rows)).axes[0].get_lines()
+    assert acc.get_xdata().tolist() == [0, 2] and acc.get_ydata().tolist() == pytest.approx([20.0, 40.0])
+    assert reward.get_xdata().tolist() == [0, 1, 2] and reward.get_ydata().tolist() == pytest.approx([25.0, 50.0, 75.0])
+
+
+def test_real_model_rl_config_is_icepop_on_vllm_with_a_held_out_curve():
+    from minirl.train_config import TrainConfig
+
+    cfg = TrainConfig.from_yaml(reproduce.REAL_MODEL_CONFIG)
+    assert (cfg.task, cfg.engine, cfg.correction, cfg.sft_steps) == ("chat_arithmetic", "vllm", "icepop", 0)
+    assert cfg.eval_every and cfg.n_eval >= 64  # a held-out curve, on enough problems to see 15 points
