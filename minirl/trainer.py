@@ -218,7 +218,11 @@ class Trainer:
                 mask: torch.Tensor, routing: list[torch.Tensor] | None, logp_ref: torch.Tensor | None,
                 entropy_old: torch.Tensor | None = None) -> dict:
         """``epochs`` passes of ``minibatches`` AdamW steps; a non-finite loss or gradient skips
-        the whole step (weights untouched: nothing after it can be trusted)."""
+        the whole step (weights untouched: nothing after it can be trusted). A minibatch whose
+        gradient is exactly zero (all advantages 0, no KL term) takes no optimizer step: AdamW
+        would move the weights anyway on its momentum, and on smollm2-135m such steps undid a
+        36-point held-out gain (docs/measurements/2026-11-26-real-model-rl.md). ``opt_skipped``
+        logs the share of minibatches skipped."""
         c = self.cfg
         n, width = len(batch.sequences), batch.mask.shape[1]
         gen = torch.Generator().manual_seed(_seed(c.seed, step, 2))
@@ -253,8 +257,11 @@ class Trainer:
                     self.model.load_state_dict(snapshot[0])
                     self.opt.load_state_dict(snapshot[1])
                     return {"nan_skipped": True, "_entropy": entropy}
-                self.opt.step()
-                for k, v in {**m, "loss": float(loss.detach()), "grad_norm": float(grad_norm)}.items():
+                no_signal = float(grad_norm) == 0.0  # every advantage 0 and no KL: nothing to learn from
+                if not no_signal:  # AdamW would still move the weights on momentum and decay, unguided
+                    self.opt.step()
+                for k, v in {**m, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
+                             "opt_skipped": float(no_signal)}.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
         return {**{k: v / count for k, v in sums.items()}, "nan_skipped": False, "_entropy": entropy}

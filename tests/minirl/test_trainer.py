@@ -81,6 +81,45 @@ def test_reward_function_raising_counts_and_continues(quick_config):
     assert [r["reward_errors"] for r in rows] == [8.0, 8.0] and all(r["reward"] == 0 for r in rows)
 
 
+def test_a_step_with_no_signal_leaves_the_weights_alone(quick_config, tmp_path):
+    """After one step with signal, every group is rewarded alike: advantages 0, gradient exactly
+    0. AdamW would still move the weights on its momentum from the first step; the trainer skips
+    the optimizer step instead, so three steps end on the weights one step left."""
+    import transformers
+
+    class SignalOnce:
+        """Rewards 1, 0, 1, 0 ... for the first step's 8 completions, then 0 for all."""
+        name = "signal-once"
+
+        def __init__(self):
+            self.inner, self.calls = tasks.get("arithmetic", digits=1), 0
+
+        def sample(self, rng):
+            return self.inner.sample(rng)
+
+        def verify(self, problem, completion):
+            self.calls += 1
+            return float(self.calls <= 8 and self.calls % 2 == 1)
+
+    tasks.register("signal-once", lambda **kw: SignalOnce())
+
+    def weights_after(steps: int) -> dict[str, torch.Tensor]:
+        out = tmp_path / f"run{steps}"
+        cfg = quick_config(task="signal-once", task_kwargs={}, sft_steps=0, steps=steps, checkpoint_every=steps,
+                           minibatches=1, out_dir=str(out))
+        rows = train(cfg).rows
+        model = transformers.AutoModelForCausalLM.from_pretrained(cfg.model)
+        checkpointing.load(out / "checkpoint", model, torch.optim.AdamW(model.parameters()))
+        return rows, model.state_dict()
+
+    rows, one = weights_after(1)
+    assert rows[0]["grad_norm"] > 0 and rows[0]["opt_skipped"] == 0
+    rows, three = weights_after(3)
+    assert [r["grad_norm"] for r in rows[1:]] == [0.0, 0.0] and [r["opt_skipped"] for r in rows[1:]] == [1.0, 1.0]
+    for name, w in one.items():
+        assert torch.equal(w, three[name]), f"{name} moved on a step with no gradient"
+
+
 def test_nan_loss_is_skipped_then_stops_with_checkpoint_intact(quick_config, monkeypatch, tmp_path):
     real, calls = losses.ppo_clip_loss, []
 
