@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from labs.async_lab import config, phases, plot, predict
-from minirl.async_loop import run
+from minirl.scale_out.async_loop import run
 
 OUT = Path("runs/bench_async")
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from labs import zoo  # noqa: E402
 from labs.c3po_lab import calibrate_stop_ids  # noqa: E402
 from minirl import Engine, SamplingParams  # noqa: E402
-from minirl.c3po import C3poConfig, C3poScheduler  # noqa: E402
+from minirl.algorithms.c3po import C3poConfig, C3poScheduler  # noqa: E402
 
 
 def main() -> None:

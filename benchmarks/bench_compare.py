@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aligntools  # noqa: E402
 from aligntools import sites as S  # noqa: E402
-from aligntools.analyzer import compiled_rows  # noqa: E402
+from aligntools.analyzer import compiled_metrics  # noqa: E402
 from aligntools.analyzer.metrics import compiled_path_agrees  # noqa: E402
 
 KINDS = ("attn_norm", "q", "k", "v", "attn_out", "resid_mid", "mlp_norm", "mlp_out", "resid_post")
@@ -95,10 +95,10 @@ def report(label: str, a: xr.Dataset, b: xr.Dataset, roof: dict[int, float], rep
     for workers in THREADS:
         gbs = {}
         for path in ("1", "0"):
-            os.environ[compiled_rows.ENV_SWITCH] = path
+            os.environ[compiled_metrics.ENV_SWITCH] = path
             sec = best_seconds(lambda: aligntools.compare(a, b, workers=workers).first_divergence, repeats)
             gbs[path] = size / sec / 1e9
-        os.environ.pop(compiled_rows.ENV_SWITCH)
+        os.environ.pop(compiled_metrics.ENV_SWITCH)
         print(f"{label}, {workers} thread(s): {gbs['1']:.2f} GB/s = {gbs['1'] / roof[workers]:.0%} of roofline "
               f"(numpy path {gbs['0']:.2f} GB/s: {gbs['1'] / gbs['0']:.2f}x)")
 

@@ -129,7 +129,7 @@ def throughput(args: argparse.Namespace) -> dict[str, float]:
 
 def _vllm(path: Path, args: argparse.Namespace):
     """An in-process vLLM on ``path``, or None (with the reason) when it cannot run here."""
-    from aligntools.adapters.vllm_engine import create_llm, unavailable_reason
+    from minirl.vllm.llm import create_llm, unavailable_reason
 
     reason = "skipped (--no-vllm)" if args.no_vllm else unavailable_reason()
     if reason:

@@ -36,9 +36,9 @@ import torch
 import yaml
 
 from labs import zoo
-from minirl.rollout_engine import make_engine
-from minirl.train_config import TrainConfig
-from minirl.trainer import Trainer
+from minirl.training.rollout_engine import make_engine
+from minirl.training.train_config import TrainConfig
+from minirl.training.trainer import Trainer
 
 PHASES = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
 TINY = dict(max_new_tokens=8)

@@ -4,7 +4,7 @@
 
 For each row width, in one run with interleaved repeats (medians):
 
-- ``stats pass (sums + hash)``: ``row_kernel.row_sums``, the pass stats mode runs per site;
+- ``stats pass (sums + hash)``: ``compiled_row_stats.row_sums``, the pass stats mode runs per site;
 - ``hash alone``: ``row_hash`` (the compiled NH kernel, for rows the fused pass does not take);
 - ``int8 GEMM, 8 lanes``: the product the previous hash was built on (``torch._int_mm`` of the
   row bytes with an int8 [bytes, 8] matrix, torch's threads), i.e. the baseline;
@@ -24,7 +24,7 @@ import statistics
 import torch
 from bench_tracker import timed  # interleaved repeats, shared with the Tracker benchmark
 
-from aligntools.tracker import row_hash, row_kernel
+from aligntools.tracker import row_hash, compiled_row_stats
 
 
 def main(argv: list[str] | None = None) -> dict[int, dict[str, float]]:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, float]]:
         lanes = torch.randint(-127, 128, (data.shape[1], 8), dtype=torch.int8)
         keys = row_hash.keys(width)
         times = timed({
-            "stats pass (sums + hash)": lambda: row_kernel.row_sums(x, keys),
+            "stats pass (sums + hash)": lambda: compiled_row_stats.row_sums(x, keys),
             "hash alone": lambda: row_hash.row_hash(x),
             "int8 GEMM, 8 lanes (baseline)": lambda: torch._int_mm(data, lanes),
             "read the bytes (roofline)": lambda: x.sum(1),

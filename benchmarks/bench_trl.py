@@ -48,9 +48,9 @@ from transformers import TrainerCallback  # noqa: E402
 from labs import zoo  # noqa: E402
 from minirl import tasks  # noqa: E402
 from bench_rl import REAL, reset_peak, rss_kb  # noqa: E402
-from minirl.sft import encode, uses_chat  # noqa: E402
-from minirl.train_config import TrainConfig  # noqa: E402
-from minirl.trainer import Trainer, resolve_model  # noqa: E402
+from minirl.training.sft import encode, uses_chat  # noqa: E402
+from minirl.training.train_config import TrainConfig  # noqa: E402
+from minirl.training.trainer import Trainer, resolve_model  # noqa: E402
 
 VARIANTS = {"minirl (bfloat16)": dict(engine_dtype="bfloat16"), "minirl (float32)": dict(engine_dtype="float32"),
             "minirl (fast)": dict(engine="minirl:typical,share_prefill=true", engine_dtype="float32",

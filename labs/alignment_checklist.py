@@ -143,7 +143,7 @@ def vllm_fingerprint(model_path: str | os.PathLike, dtype: str = "bfloat16", tok
     """Real vLLM beside minirl: capture the real engine (its CPU build, in process) on built-in
     text and ``aligntools.fingerprint`` it - the minirl knobs closest to vLLM and the site where
     the rest of the gap starts. None with a one-line reason where vLLM cannot run."""
-    from aligntools.adapters.vllm_engine import create_llm, unavailable_reason
+    from minirl.vllm.llm import create_llm, unavailable_reason
 
     reason = unavailable_reason()
     if reason:

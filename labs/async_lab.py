@@ -5,7 +5,7 @@ producer-consumer workflow over the verl baseline on 32-1024 NPUs. The gain come
 generation (and vice versa); on one machine with two cores both compete for the same CPUs, so
 the measured ratio here is a lower bound and the cost model (``predict`` below:
 measured phase times, long-tail generation, N rollout workers) says what the same schedule gives
-when rollout and training run on separate hardware. The loop is ``minirl.async_loop.run``; this module holds the
+when rollout and training run on separate hardware. The loop is ``minirl.scale_out.async_loop.run``; this module holds the
 run's config (the ``longtail_sorting`` task), the phase split, the cost model and its plot, which
 ``benchmarks/bench_async.py`` and notebook 09 share.
 """
@@ -23,9 +23,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from labs import zoo
-from minirl.async_loop import LoopResult, run
-from minirl.timeline import staleness_figure
-from minirl.train_config import TrainConfig
+from minirl.scale_out.async_loop import LoopResult, run
+from minirl.scale_out.timeline import staleness_figure
+from minirl.training.train_config import TrainConfig
 
 PAPER_SPEEDUP = 1.59  # AsyncFlow §6.2 / Fig. 10: average throughput gain over the verl baseline
 WORKERS = [1, 2, 8, 64, 512]

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from labs import zoo
 from minirl import Engine, SamplingParams
-from minirl.c3po import C3poConfig, C3poScheduler
+from minirl.algorithms.c3po import C3poConfig, C3poScheduler
 
 PAPER_SPEEDUP = 2.5  # Ring-1T §2.4.2, Fig. 7: rollout-phase time per step, baseline / C3PO++
 
@@ -208,9 +208,9 @@ def compare_training(steps: int = 8, prompts_per_step: int = 8, group_size: int 
     tokens per step. ``engine`` is the rollout-engine spec of both arms (minirl's bf16 ``typical``
     by default; ``"vllm,prefix_caching=true"`` lets C3PO++'s resumes hit vLLM's prefix cache);
     IcePop corrects both."""
-    from minirl.driver import train_c3po
-    from minirl.train_config import TrainConfig
-    from minirl.trainer import Trainer
+    from minirl.training.driver import train_c3po
+    from minirl.training.train_config import TrainConfig
+    from minirl.training.trainer import Trainer
 
     base = dict(model=str(zoo.build("tiny-qwen3", seed=0)), sft_steps=150, task="longtail_sorting",
                 task_kwargs={"max_length": max_length, "p": p},

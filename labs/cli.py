@@ -11,8 +11,8 @@ import importlib
 import os
 import sys
 
-SUBCOMMAND_MODULES = ["labs.cli_zoo", "aligntools.cli.capture", "aligntools.cli.diff", "aligntools.cli.check", "minirl.cli_train",
-                      "minirl.plot"]
+SUBCOMMAND_MODULES = ["labs.cli_zoo", "aligntools.cli.capture", "aligntools.cli.diff", "aligntools.cli.check", "minirl.training.cli_train",
+                      "minirl.training.plot"]
 
 
 def build_parser() -> argparse.ArgumentParser:

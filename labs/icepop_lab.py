@@ -27,11 +27,12 @@ from tqdm.auto import tqdm
 
 import minirl
 from labs import zoo
-from minirl import Rollout, SamplingParams, corrections, tasks
-from minirl.rollout_engine import RolloutEngine, make_engine
-from minirl.sft import encode, warm_start
-from minirl.trainer import pack, resolve_model
-from minirl.trainer_forward import forward
+from minirl import Rollout, SamplingParams, tasks
+from minirl.algorithms import corrections
+from minirl.training.rollout_engine import RolloutEngine, make_engine
+from minirl.training.sft import encode, warm_start
+from minirl.training.trainer import pack, resolve_model
+from minirl.training.trainer_forward import forward
 
 PAPER_MASKED_PERMILLE = (1.0, 2.0)  # Ring-1T §2.3.4 / Fig. 12: IcePop keeps 1-2 per mille of tokens clipped
 ARMS = {"GRPO": "none", "TIS": "tis", "IcePop": "icepop"}  # arm label -> TrainConfig.correction

@@ -34,10 +34,11 @@ import minirl
 from aligntools.gates.inputs import prepare_tokens
 from labs import narrate, zoo
 from labs.routing_lab import layer_flips
-from minirl import Engine, Knobs, SamplingParams, corrections
+from minirl import Engine, Knobs, SamplingParams
+from minirl.algorithms import corrections
 from minirl.engine.quantize import FORMATS
-from minirl.trainer import pack
-from minirl.trainer_forward import forward
+from minirl.training.trainer import pack
+from minirl.training.trainer_forward import forward
 
 MODELS = ("tiny-qwen3-moe", "smollm2-135m")
 ARMS = {"GRPO": "none", "TIS": "tis", "IcePop": "icepop", "MIS": "mis"}  # arm label -> TrainConfig.correction

@@ -313,9 +313,9 @@ def _real_model_rl(small: bool) -> Outcome:
     """``configs/real_model_rl.yaml`` as shipped (``--small``: 2 steps of 2 x 4 rollouts, 16 held-out
     problems, so the whole path - zoo build, vLLM, trainer, evaluation - runs in minutes)."""
     from labs import zoo
-    from minirl import run_log
-    from minirl.driver import train
-    from minirl.train_config import TrainConfig
+    from minirl.training import run_log
+    from minirl.training.driver import train
+    from minirl.training.train_config import TrainConfig
 
     sizes = dict(steps=2, prompts_per_step=2, group_size=4, max_new_tokens=16, n_eval=16, eval_every=1,
                  checkpoint_every=0) if small else {}

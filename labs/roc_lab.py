@@ -4,9 +4,9 @@ Why a scripted policy: the zoo models never learned the ``<tool_call>`` format, 
 rollouts would all be tool-free and wrong. ``ScriptedToolPolicy`` is a tabular softmax policy
 with the decisions that matter for Fig. 4 (call the tool cleanly, call it with a bug, send a
 malformed call, guess without a tool; after an error: fix, repeat the bug, or guess). It
-speaks through the real environment: ``minirl.tools.multi_turn_rollout`` parses its calls,
+speaks through the real environment: ``minirl.tasks.tool_calls.multi_turn_rollout`` parses its calls,
 ``minirl.sandbox.run_python`` runs them (four outcomes), ``minirl.tasks.python_tool.reward`` scores the
-answer (outcome-only, Eq. 3), ``minirl.roc.roc_select`` picks G of 2G. Only the learner is a
+answer (outcome-only, Eq. 3), ``minirl.algorithms.roc.roc_select`` picks G of 2G. Only the learner is a
 toy: a policy gradient on the table instead of a transformer.
 
 The mechanism the paper describes shows up directly: under plain GRPO a bug followed by a fix
@@ -30,12 +30,12 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from minirl import SamplingParams
-from minirl.roc import roc_select
-from minirl.rollout import Rollout
-from minirl.sandbox import ToolResult, run_python
+from minirl.algorithms.roc import roc_select
+from minirl.engine.rollout import Rollout
+from minirl.sandbox.runner import ToolResult, run_python
 from minirl.tasks import Problem
 from minirl.tasks.python_tool import reward, sample_problems
-from minirl.tools import ToolTrajectory, multi_turn_rollout
+from minirl.tasks.tool_calls import ToolTrajectory, multi_turn_rollout
 
 ACTIONS = {"start": ("clean", "buggy", "malformed", "guess"), "after_error": ("fix", "buggy", "guess")}
 INIT_LOGITS = {"start": (0.0, 1.0, 0.0, 0.5), "after_error": (2.0, 0.0, 0.0)}  # an error-prone base model

@@ -27,7 +27,7 @@ from aligntools.analyzer.routing_diff import topk_rows
 from aligntools.gates.inputs import prepare_tokens
 from labs import zoo
 from minirl import Engine, Knobs, SamplingParams
-from minirl.trainer_forward import forward, trainer_logprobs
+from minirl.training.trainer_forward import forward, trainer_logprobs
 
 PAPER_REDUCTION = 10.0  # CompassMax §2.4.4: R3 makes the train-inference logprob gap ~10x smaller
 MODEL = "tiny-qwen3-moe"

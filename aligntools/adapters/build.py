@@ -28,7 +28,7 @@ def build_engine(spec: EngineSpec | str, path: str | os.PathLike, dtype: str | N
     if spec.kind == "hf":
         return load_hf(path, dtype, **spec.options)
     if spec.kind == "vllm":
-        from aligntools.adapters.vllm_engine import create_llm
+        from minirl.vllm.llm import create_llm
 
         return create_llm(path, dtype, **spec.options)
     return Engine.from_pretrained(path, dtype=dtype, knobs=spec.knobs())

@@ -4,7 +4,7 @@ only when such a target is captured).
 Requirements, because hooks must live where the model runs: ``LLM(..., enforce_eager=True)``
 (CUDA graphs / torch.compile replay kernels without calling module hooks) and the engine in
 this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so ``collective_rpc`` hands back the
-worker's model runner itself. ``aligntools.adapters.vllm_engine.create_llm`` makes such an LLM.
+worker's model runner itself. ``minirl.vllm.llm.create_llm`` makes such an LLM.
 
 Token layout per forward: ``input_ids``/``positions`` from the model call, request boundaries
 from the forward context's ``query_start_loc``, request identity from the runner's persistent
@@ -13,7 +13,7 @@ relative to the request's prompt length. Module conventions: see fused.py. Two t
 module outputs in vLLM, so they are read by wrapping methods while attached:
   * routing: the MoE runner calls ``router.select_experts(hidden_states, router_logits) ->
     (topk_weights, topk_ids)`` (the gate's ``GateLinear`` is not called as a module); its
-    arguments and result are vLLM's own routing, nothing is recomputed (``vllm_routing``'s
+    arguments and result are vLLM's own routing, nothing is recomputed (``minirl.vllm.routing``'s
     ``hook_select_experts`` and ``forward_layout``, shared with the R3 routing recorder);
   * logits: the runner calls ``model.compute_logits(h)`` with ``h = hidden[logits_indices]``
     (a copy: each request's last token) for sampling and, for requests asking for prompt
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from aligntools.adapters.fused import FusedModuleAdapter, Rows, first, flat_meta
-from aligntools.adapters.vllm_routing import forward_layout, hook_select_experts, model_runner
+from minirl.vllm.routing import forward_layout, hook_select_experts, model_runner
 from aligntools.sites import sort_sites
 from aligntools.tracker.recorder import DERIVED
 
@@ -149,7 +149,7 @@ class VllmAdapter(FusedModuleAdapter):
         self.llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
 
     def describe(self) -> dict:
-        from aligntools.adapters.vllm_engine import engine_settings
+        from minirl.vllm.llm import engine_settings
 
         info = super().describe()
         info["knobs"] = engine_settings(self.llm)

@@ -37,7 +37,7 @@ from aligntools.analyzer.divergence import GROWTH_THRESHOLD, Divergence, first_d
 from aligntools.analyzer.nan_rows import gated_error, nan_rows
 from aligntools.analyzer.routing_diff import routing_diff, topk_rows
 from aligntools.analyzer.stats_metrics import stats_rows, stats_summary
-from aligntools.analyzer.sweep import Rows, check_max_memory, check_workers, disk_budget
+from aligntools.analyzer.tiled_scan import Rows, check_max_memory, check_workers, disk_budget
 from aligntools.analyzer.token_align import Alignment, next_token_ids
 from aligntools.analyzer.token_align import align as align_tokens
 from aligntools.analyzer.tolerance import Tolerance, coarser
@@ -302,7 +302,7 @@ def _dtype(ds: xr.Dataset, site: str) -> str:
 def _stats(v: xr.DataArray, idx: np.ndarray | None, max_memory: int | None) -> np.ndarray:
     """[N, len(STAT_NAMES)] stats of the aligned rows, from a stats-mode site or, with the
     Tracker's own ``row_stats`` (same formulas, same hash), from a tensor-mode one (read
-    from disk in blocks within ``max_memory``: ``sweep.disk_budget``)."""
+    from disk in blocks within ``max_memory``: ``tiled_scan.disk_budget``)."""
     if "stat" in v.dims:
         s = v.sel(stat=list(STAT_NAMES)).values if "stat" in v.coords else v.values
         return s if idx is None else s[idx]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from aligntools.analyzer import compiled_rows
+from aligntools.analyzer import compiled_metrics
 
 LOGIT_ROWS = ("kl", "dlogprob", "top1")
 
@@ -52,7 +52,7 @@ def _log_partition(x: np.ndarray, top: np.ndarray, ez: np.ndarray) -> tuple[np.n
     (its SIMD exp rounds differently from libm's); the compiled path only shifts and sums."""
     compiled = x.dtype == np.float32  # numpy's path hands its float64 copy
     if compiled:
-        m = compiled_rows.kernels().shift_rows(x, top, ez)
+        m = compiled_metrics.kernels().shift_rows(x, top, ez)
     else:
         m = x[np.arange(len(x)), top]
         m[~np.isfinite(m)] = 0.0
@@ -60,7 +60,7 @@ def _log_partition(x: np.ndarray, top: np.ndarray, ez: np.ndarray) -> tuple[np.n
     np.exp(ez, out=ez)
     s = np.empty(len(x))
     if compiled:
-        compiled_rows.kernels().row_pairwise(ez, s)
+        compiled_metrics.kernels().row_pairwise(ez, s)
     else:
         np.add.reduce(ez, axis=1, out=s)
     return m + np.log(s), s

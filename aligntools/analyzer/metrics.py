@@ -4,7 +4,7 @@ Why a two-stage design (row *sums* first, metrics derived after): every metric w
 (max/mean abs, relative L2, cosine, SQNR, permille error ratio, bf16-ULP distance) is a
 function of a handful of per-row reductions. ``chunk_metrics`` computes all of them - and,
 for logits, KL, Δlogprob and top-1 from the same float64 rows - in one visit of each chunk
-of rows, with the chunk's float64 scratch in cache (``aligntools.analyzer.sweep`` cuts the
+of rows, with the chunk's float64 scratch in cache (``aligntools.analyzer.tiled_scan`` cuts the
 rows into chunks and runs them on threads); per-token and per-site metrics are then cheap
 functions of the sums (``derive``), and site totals are sums of row sums (``aggregate``).
 
@@ -28,10 +28,10 @@ from functools import cache, lru_cache, partial
 
 import numpy as np
 
-from aligntools.analyzer import compiled_rows, sweep
+from aligntools.analyzer import compiled_metrics, tiled_scan
 from aligntools.analyzer import logit_metrics as L
 from aligntools.analyzer.logit_metrics import LOGIT_ROWS
-from aligntools.analyzer.sweep import Job, Rows
+from aligntools.analyzer.tiled_scan import Job, Rows
 
 PERMILLE = 1e-3
 """An element counts as a permille error when ``|b - a| > PERMILLE * |a|`` (msProbe's
@@ -64,7 +64,7 @@ class Workspace:
     kept: the chunks of a tile share one."""
 
     def __init__(self, compiled: bool = False) -> None:
-        self.compiled = compiled_rows.Scratch() if compiled else None
+        self.compiled = compiled_metrics.Scratch() if compiled else None
         """Scratch of the compiled path, None where the numpy path runs (``run_jobs``)."""
         self._f64 = np.empty(0)
         self._i32 = np.empty(0, np.int32)
@@ -139,16 +139,16 @@ def _compiled_chunk(xa: np.ndarray, xb: np.ndarray, ws: Workspace, sl: slice, ou
     """``chunk_metrics`` by the compiled kernels, which round exactly like the numpy path;
     False (nothing kept) where they do not apply: not float32, an ``einsum`` width, NaN/Inf."""
     k = _dot_block(xa.shape[1])
-    if not compiled_rows.covers(xa, xb, k):
+    if not compiled_metrics.covers(xa, xb, k):
         return False
-    sums = compiled_rows.row_sums(xa, xb, k, PERMILLE, ws.compiled)
+    sums = compiled_metrics.row_sums(xa, xb, k, PERMILLE, ws.compiled)
     if sums is None:
         return False
-    for key, row in zip(ROW_SUMS[:compiled_rows.N_SUMS], sums, strict=True):
+    for key, row in zip(ROW_SUMS[:compiled_metrics.N_SUMS], sums, strict=True):
         out[key][sl] = row
     out["n_valid"][sl] = xa.shape[1]
     if next_ids is not None:
-        dot_diff = partial(compiled_rows.logit_dots, xa=xa, xb=xb, dot_block=k, scratch=ws.compiled)
+        dot_diff = partial(compiled_metrics.logit_dots, xa=xa, xb=xb, dot_block=k, scratch=ws.compiled)
         L.logit_chunk(xa, xb, ws.compiled.ez(*xa.shape), dot_diff, next_ids[sl], out, sl)
     return True
 
@@ -245,7 +245,7 @@ def _mask_nonfinite(A: np.ndarray, B: np.ndarray, out: dict[str, np.ndarray], sl
 
 
 def site_job(a: Rows, b: Rows, next_ids: np.ndarray | None = None) -> tuple[Job, dict[str, np.ndarray]]:
-    """The sweep job computing every per-row metric of one site, and the [N] arrays it fills
+    """The tiled_scan job computing every per-row metric of one site, and the [N] arrays it fills
     (``ROW_SUMS``, and ``LOGIT_ROWS`` when ``next_ids`` [N] is given: a logits site)."""
     n = len(a)
     out = {k: np.zeros(n) for k in ROW_SUMS}
@@ -256,18 +256,18 @@ def site_job(a: Rows, b: Rows, next_ids: np.ndarray | None = None) -> tuple[Job,
 
 def run_jobs(jobs: list[Job], workers: int | None = None, max_memory: int | None = None,
              progress: bool | None = None) -> None:
-    """Run ``site_job``s in one sweep (``aligntools.analyzer.sweep.run``), on the compiled
-    kernels where they apply and agree with numpy on this machine (``compiled_rows``)."""
-    compiled = compiled_rows.wanted(sum(j.nbytes for j in jobs)) and compiled_path_agrees()
+    """Run ``site_job``s in one tiled_scan (``aligntools.analyzer.tiled_scan.run``), on the compiled
+    kernels where they apply and agree with numpy on this machine (``compiled_metrics``)."""
+    compiled = compiled_metrics.wanted(sum(j.nbytes for j in jobs)) and compiled_path_agrees()
     if compiled:
-        jobs = [replace(j, chunk_elems=compiled_rows.CHUNK_ELEMS) if _compiled_site(j) else j for j in jobs]
-    sweep.run(jobs, partial(Workspace, compiled), CHUNK_ELEMS, workers, max_memory, progress)
+        jobs = [replace(j, chunk_elems=compiled_metrics.CHUNK_ELEMS) if _compiled_site(j) else j for j in jobs]
+    tiled_scan.run(jobs, partial(Workspace, compiled), CHUNK_ELEMS, workers, max_memory, progress)
 
 
 def _compiled_site(job: Job) -> bool:
-    """Whether the compiled kernels take a site's rows (``compiled_rows.takes``)."""
+    """Whether the compiled kernels take a site's rows (``compiled_metrics.takes``)."""
     width = job.a.width
-    return compiled_rows.takes(job.a.data.dtype, job.b.data.dtype, width, _dot_block(max(width, 1)))
+    return compiled_metrics.takes(job.a.data.dtype, job.b.data.dtype, width, _dot_block(max(width, 1)))
 
 
 PROBE_WIDTHS = (24, 1000, 2048, 4096 + 16 + 7, 24576)
@@ -282,7 +282,7 @@ def compiled_path_agrees() -> bool:
     dot products copy one OpenBLAS kernel's order, and another CPU may run another kernel.
     False (with a warning) sends every comparison to the numpy path."""
     try:
-        compiled_rows.kernels()
+        compiled_metrics.kernels()
     except ImportError as e:
         warnings.warn(f"compare: compiled kernels unavailable ({e}); using the numpy path", stacklevel=2)
         return False

@@ -208,7 +208,7 @@ class InferSpec:
     def settings(self, engine: object) -> dict:
         """What the report records about the engine: minirl's knobs, or vLLM's version and settings."""
         if self.engine == "vllm":
-            from aligntools.adapters.vllm_engine import engine_settings
+            from minirl.vllm.llm import engine_settings
 
             return engine_settings(engine)
         return self.knobs.to_dict()
@@ -225,7 +225,7 @@ def parse_infer(spec: str, dtype: str | None) -> InferSpec:
     for ``typical``, float32 for the aligned presets; vllm: bfloat16, like a server)."""
     parsed = _parse(spec)
     if parsed.kind == "vllm":
-        from aligntools.adapters.vllm_engine import unavailable_reason
+        from minirl.vllm.llm import unavailable_reason
 
         reason = unavailable_reason()
         if reason:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from aligntools.tracker.row_kernel import P1, P2, hash_rows
+from aligntools.tracker.compiled_row_stats import P1, P2, hash_rows
 
 SCHEME = "nh2-p52"
 SEED = 0x4E48_2026

@@ -10,7 +10,7 @@ cost is the Tracker's overhead, and that cost is per pass over the tensor and pe
 call (on CPU a parallel call can wait for a worker thread). So the work is split in two.
 ``reduce_rows`` reads the tensor, in the hook while it exists, in a handful of calls:
 min/max, both float64 sums and the row hash in one compiled pass that replays torch's
-summation order (``row_kernel``; elsewhere min/max in float32, one float64 copy per
+summation order (``compiled_row_stats``; elsewhere min/max in float32, one float64 copy per
 cache-sized row block feeding both sums, and ``row_hash``'s own kernel). ``finish_rows``
 does the per-row arithmetic on what was read (amax, the stat columns) once per flush, for
 every site in one batch of calls. ``row_stats`` is both, for one tensor.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aligntools.tracker import row_kernel
+from aligntools.tracker import compiled_row_stats
 from aligntools.tracker.row_hash import keys, row_hash
 
 STAT_NAMES: tuple[str, ...] = ("min", "max", "mean", "l2", "amax", "n_nan", "n_inf", "hash")
@@ -68,13 +68,13 @@ def reduce_rows(x: torch.Tensor) -> RowReduction:
     # contiguous: torch sums a strided row in another order, and the stats must be those of
     # the same values captured in tensor mode (stored C-contiguous), to the last bit
     flt = (rows if rows.dtype == torch.float32 else rows.to(torch.float32)).contiguous()
-    if _compiled_applies(flt):  # the same bits in one pass, hash included (row_kernel)
-        (mn, mx, total, l2, hashes), flags = row_kernel.row_sums(flt, keys(flt.shape[1]))
+    if _compiled_applies(flt):  # the same bits in one pass, hash included (compiled_row_stats)
+        (mn, mx, total, l2, hashes), flags = compiled_row_stats.row_sums(flt, keys(flt.shape[1]))
         if not rows.is_floating_point():  # integer ids are hashed as int64, not as float32
             hashes = row_hash(rows.to(torch.int64))
-        if flags & row_kernel.ZERO_MIN_MAX:  # a zero: its sign depends on torch's order
+        if flags & compiled_row_stats.ZERO_MIN_MAX:  # a zero: its sign depends on torch's order
             mn, mx = flt.amin(1), flt.amax(1)
-        finite = not flags & row_kernel.NONFINITE_SUM
+        finite = not flags & compiled_row_stats.NONFINITE_SUM
     else:
         # separate amin/amax: torch.aminmax is ~50x slower on CPU; both refuse empty rows
         mn, mx = (flt.amin(1), flt.amax(1)) if flt.shape[1] else (flt.sum(1),) * 2  # [N] each
@@ -128,7 +128,7 @@ def _sum_l2(flt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _compiled_applies(flt: torch.Tensor) -> bool:
-    """Where ``row_kernel`` gives torch's bits: contiguous float32 rows on the CPU shorter
+    """Where ``compiled_row_stats`` gives torch's bits: contiguous float32 rows on the CPU shorter
     than ``_LONE_ROW`` (torch sums a lone longer row in parallel halves), on a build where
     the kernel was checked to agree."""
     return (flt.is_cpu and flt.dtype == torch.float32 and 0 < flt.shape[1] < _LONE_ROW
@@ -145,7 +145,7 @@ def _kernel_agrees() -> bool:
     for n, d in [(1, 1), (3, 5), (2, 63), (9, 64), (5, 65), (64, 255), (7, 1024 + 3), (3, 4096 * 4 + 17),
                  (2, 32767), (600, 37)]:
         x = torch.randn(n, d, generator=g) * torch.exp(torch.randn(n, d, generator=g) * 8)
-        got, flags = row_kernel.row_sums(x, keys(x.shape[1]))
+        got, flags = compiled_row_stats.row_sums(x, keys(x.shape[1]))
         want = (x.amin(1).double(), x.amax(1).double(), *_sum_l2(x), row_hash(x))
         if flags or not all(torch.equal(a.view(torch.int8), b.view(torch.int8)) for a, b in zip(got, want)):
             warnings.warn("stats: the compiled row kernel does not reproduce torch's sums on this build; "

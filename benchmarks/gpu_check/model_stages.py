@@ -128,7 +128,7 @@ def trainer(plan: Plan, rec: Recorder) -> None:
     trainer must call the Triton kernel (``kernels.fast``), never fall back to the torch twin."""
     import kernels
     import minirl
-    from minirl.trainer import resolve_device
+    from minirl.training.trainer import resolve_device
 
     device = resolve_device(plan.trainer["device"])
     want = "triton" if device.type == "cuda" else kernels.TORCH_TWIN["logprobs"]

@@ -26,7 +26,7 @@ from minirl.engine.ops import resolve_dtype
 from minirl.engine.sampling import SamplingParams, sample
 from minirl.engine.tap import Tap, TapHandle
 from minirl.engine.weight_map import WeightMap
-from minirl.rollout import Rollout
+from minirl.engine.rollout import Rollout
 
 
 class Engine:

@@ -1,7 +1,7 @@
 """Addition and subtraction asked in words, for instruct models: ``What is 37 + 5? Answer with
 just the number.``
 
-``minirl.sft.encode`` sends the prompt as a user turn of the model's chat template. An instruct
+``minirl.training.sft.encode`` sends the prompt as a user turn of the model's chat template. An instruct
 model still answers in a sentence ("The answer is 42."), so the verifier reads the last integer
 of the completion (the GSM8K convention) instead of the first line that ``arithmetic`` reads.
 Operand sizes set the difficulty: SmolLM2-135M is right on ~3 % of 2-digit ± 2-digit problems and

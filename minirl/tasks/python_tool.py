@@ -1,5 +1,5 @@
 """``python_tool``: products of large numbers, where one sandboxed Python call helps
-(rStar2-Agent §2.2.2's tool format; the trainer runs it multi-turn through ``minirl.tools``).
+(rStar2-Agent §2.2.2's tool format; the trainer runs it multi-turn through ``minirl.tasks.tool_calls``).
 
 The reward is answer-only, 0 or 1, as rStar2-Agent Eq. 3: the tool is never rewarded directly
 (GRPO-RoC's penalties only steer which correct trajectories are kept, ``downsample: roc``).
@@ -60,7 +60,7 @@ class PythonTool:
 
 
 def sample_problems(n: int, seed: int, digits: int = 5) -> list[Problem]:
-    """``n`` seeded problems (for scripts and notebooks that drive ``minirl.tools`` directly)."""
+    """``n`` seeded problems (for scripts and notebooks that drive ``minirl.tasks.tool_calls`` directly)."""
     task, rng = PythonTool(digits), random.Random(seed)
     return [task.sample(rng) for _ in range(n)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from aligntools.adapters import vllm_engine
+from minirl.vllm import llm as vllm_engine
 from aligntools.gates import inputs as gate_inputs
 from minirl import Engine, EngineSpec, Knobs
 
@@ -80,7 +80,7 @@ def entry_points(spec: str, path: Path, tmp_path: Path, dtype: str | None) -> di
     """What each entry point that takes ``spec`` would build, with ``dtype`` given (or not)."""
     import aligntools
     from labs.cli import main
-    from minirl.rollout_engine import make_engine
+    from minirl.training.rollout_engine import make_engine
 
     kind = EngineSpec.parse(spec).kind
     capture = ["capture", "--model", str(path), "--engine", spec, "--text", "hi", "--out", str(tmp_path / "c.nc")]
@@ -115,7 +115,7 @@ def test_one_spec_builds_one_engine_everywhere(spec, stubs, zoo, tmp_path):
 def test_minirl_knob_after_the_colon_means_the_same_everywhere(stubs, zoo):
     """Before: ``minirl:rmsnorm=hf`` was an override in ``mlab check`` but an unknown preset
     'rmsnorm=hf' in the trainer's ``engine:``."""
-    from minirl.rollout_engine import make_engine, parse_knobs
+    from minirl.training.rollout_engine import make_engine, parse_knobs
 
     want = Knobs.typical_inference().replace(rmsnorm="hf")
     assert parse_knobs("minirl:rmsnorm=hf") == want
@@ -125,7 +125,7 @@ def test_minirl_knob_after_the_colon_means_the_same_everywhere(stubs, zoo):
 
 def test_vllm_has_one_default_dtype(stubs, zoo, tmp_path):
     """Before: ``mlab capture --engine vllm`` built float32, ``mlab check --infer vllm`` bfloat16."""
-    from aligntools.adapters.vllm_rollouts import VllmRollouts
+    from minirl.vllm.rollouts import VllmRollouts
 
     path = zoo("tiny-llama")
     assert EngineSpec.parse("vllm").engine_dtype() == "bfloat16"
@@ -143,7 +143,7 @@ def test_hf_float64_loads_in_float64_with_the_eager_experts_loop(stubs, zoo, tmp
 def test_a_spec_and_a_dtype_that_disagree_are_refused_everywhere(spec, dtype, stubs, zoo, tmp_path, capsys):
     """Before: the CLI took the spec's dtype silently, the trainer refused the pair."""
     from labs.cli import main
-    from minirl.rollout_engine import make_engine
+    from minirl.training.rollout_engine import make_engine
 
     path = zoo("tiny-llama")
     match = f"names dtype {EngineSpec.parse(spec).dtype} but the dtype given is {dtype}"

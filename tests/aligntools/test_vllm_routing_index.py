@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from aligntools.adapters.vllm_routing import RoutingRecorder, _Step
+from minirl.vllm.routing import RoutingRecorder, _Step
 
 
 class _Router:

@@ -50,7 +50,7 @@ def test_roc_entry_runs_small(tmp_path, capsys):
 
 
 def test_real_model_figure_draws_held_out_accuracy_only_where_evaluated():
-    from minirl import run_log
+    from minirl.training import run_log
 
     rows = [{"step": 0, "reward": 0.25, "eval_accuracy": 0.2}, {"step": 1, "reward": 0.5},
             {"step": 2, "reward": 0.75, "eval_accuracy": 0.4}]
@@ -60,7 +60,7 @@ def test_real_model_figure_draws_held_out_accuracy_only_where_evaluated():
 
 
 def test_real_model_rl_config_is_icepop_on_vllm_with_a_held_out_curve():
-    from minirl.train_config import TrainConfig
+    from minirl.training.train_config import TrainConfig
 
     cfg = TrainConfig.from_yaml(reproduce.REAL_MODEL_CONFIG)
     assert (cfg.task, cfg.engine, cfg.correction, cfg.sft_steps) == ("chat_arithmetic", "vllm", "icepop", 0)

@@ -21,7 +21,7 @@ def hf_moe(moe_path):
 @pytest.fixture
 def quick_config(moe_path, tmp_path):
     """A few-second RL run: 1-digit arithmetic, short SFT, tiny batches (overrides per test)."""
-    from minirl.train_config import TrainConfig
+    from minirl.training.train_config import TrainConfig
 
     def make(**changes):
         base = dict(model=str(moe_path), sft_steps=100, task="arithmetic", task_kwargs={"digits": 1}, n_train=8,

@@ -19,7 +19,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 def vllm_llm(zoo):
     """``vllm_llm(zoo name or checkpoint path, dtype="float32", **options) -> LLM``, created once
     per module and kept alive until its end."""
-    from aligntools.adapters.vllm_engine import create_llm
+    from minirl.vllm.llm import create_llm
 
     made: dict[tuple, object] = {}
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from aligntools.adapters.vllm_engine import unavailable_reason
+from minirl.vllm.llm import unavailable_reason
 
 REASON = unavailable_reason()
 needs_vllm = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import aligntools
-from aligntools.adapters import vllm_engine
+from minirl.vllm import llm as vllm_engine
 from aligntools.gates.engine_spec import parse_engine_spec
 from tests.vllm.needs import needs_vllm
 

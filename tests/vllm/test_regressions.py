@@ -65,7 +65,7 @@ def test_logits_logprobs_entropy_cover_every_prompt_position(caps, prompt_ids):
 def test_capture_works_on_an_llm_without_tokenizer(zoo, prompt_ids):
     from vllm import LLM
 
-    from aligntools.adapters.vllm_engine import keep_parallel_groups
+    from minirl.vllm.llm import keep_parallel_groups
 
     llm = LLM(model=str(zoo("tiny-llama")), enforce_eager=True, dtype="float32", skip_tokenizer_init=True)
     keep_parallel_groups(llm)  # collecting it must not break the module's other engines

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aligntools.adapters.vllm_rollouts import VllmRollouts
+from minirl.vllm.rollouts import VllmRollouts
 from aligntools.gates.engine_spec import load_hf
 from minirl import SamplingParams, train
-from minirl.trainer_forward import forward, trainer_logprobs
-from minirl.train_config import TrainConfig
+from minirl.training.trainer_forward import forward, trainer_logprobs
+from minirl.training.train_config import TrainConfig
 from tests.vllm.needs import needs_vllm
 
 pytestmark = needs_vllm
@@ -40,7 +40,7 @@ def test_rollouts_carry_raw_logprobs_of_the_sampled_tokens(zoo, vllm_llm):
 
 
 def test_short_rl_run_with_vllm_rollouts_raises_reward(zoo, tmp_path):
-    """``engine: vllm`` in the config: the spec reaches VllmRollouts through minirl's entry points."""
+    """``engine: vllm`` in the config: the spec reaches VllmRollouts through make_engine."""
     cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, engine="vllm,max_model_len=256")
     rewards = [r["reward"] for r in train(cfg).rows]
     before, after = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
@@ -103,7 +103,7 @@ def test_rl_step_with_r3_replays_vllm_routing(zoo, tmp_path, vllm_llm):
 def test_c3po_loop_runs_on_vllm_with_prefix_caching(zoo, tmp_path):
     """C3PO++ resumes are new requests over prompt + tokens so far: with vLLM's prefix cache on
     they reuse the KV of the earlier chunks, and weight sync resets that cache."""
-    from minirl.driver import train_c3po
+    from minirl.training.driver import train_c3po
 
     cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, engine="vllm,prefix_caching=true", prompts_per_step=4,
                  group_size=4, steps=3)

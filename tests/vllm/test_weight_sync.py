@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import torch
 
-from aligntools.adapters.vllm_engine import sync_weights
+from minirl.vllm.llm import sync_weights
 from aligntools.gates.engine_spec import load_hf
 from tests.vllm.needs import needs_vllm
 

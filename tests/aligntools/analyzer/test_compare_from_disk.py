@@ -16,7 +16,7 @@ import xarray as xr
 
 import aligntools
 from aligntools import Capture
-from aligntools.analyzer import compiled_rows
+from aligntools.analyzer import compiled_metrics
 from aligntools.analyzer.metrics import compiled_path_agrees
 from tests.aligntools.analyzer.analyzer_synth import make_capture
 from tests.aligntools.analyzer.test_bad_input import to_stats
@@ -58,7 +58,7 @@ def test_captures_are_larger_than_the_cap(on_disk):
 @pytest.mark.parametrize("compiled", ["0", "1"], ids=["numpy", "compiled"])
 def test_compare_from_disk_stays_under_the_cap_and_gives_the_same_numbers(on_disk, compiled, monkeypatch):
     a, b, path_a, path_b = on_disk
-    monkeypatch.setenv(compiled_rows.ENV_SWITCH, compiled)
+    monkeypatch.setenv(compiled_metrics.ENV_SWITCH, compiled)
     assert compiled_path_agrees()  # compiles the kernels before tracing: a one-time cost, not capture data
     tracemalloc.start()
     try:

@@ -25,7 +25,7 @@ import xarray as xr
 
 import aligntools
 from aligntools import Capture, Tolerance
-from aligntools.analyzer import metrics, sweep
+from aligntools.analyzer import metrics, tiled_scan
 from aligntools.analyzer.tolerance import DTYPE_RULES
 from labs.cli import main as mlab
 from tests.aligntools.analyzer.analyzer_synth import make_capture
@@ -319,7 +319,7 @@ def test_labels_must_be_two_strings(labels):
 
 
 def test_rows_gathered_from_zarr_in_any_order_are_the_stored_rows(tmp_path):
-    """``sweep._read`` of index arrays (shuffled, repeated, one chunk, exactly a range) from a
+    """``tiled_scan._read`` of index arrays (shuffled, repeated, one chunk, exactly a range) from a
     zarr store, read chunk by chunk, gives what numpy indexing gives."""
     x = np.arange(64 * 3, dtype=np.float32).reshape(64, 3)
     xr.Dataset({"v": (("token", "d"), x)}).to_zarr(tmp_path / "v.zarr", encoding={"v": {"chunks": (8, 3)}},
@@ -328,7 +328,7 @@ def test_rows_gathered_from_zarr_in_any_order_are_the_stored_rows(tmp_path):
     rng = np.random.default_rng(0)
     for rows in (rng.permutation(64), rng.integers(0, 64, 50), np.array([5, 3, 3, 7]), np.arange(9, 30)[::-1],
                  np.array([63])):
-        np.testing.assert_array_equal(sweep._read(v, rows), x[rows])
+        np.testing.assert_array_equal(tiled_scan._read(v, rows), x[rows])
 
 
 def test_reordered_zarr_capture_costs_no_more_memory_than_one_in_order(tmp_path):

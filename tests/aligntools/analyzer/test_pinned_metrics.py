@@ -32,7 +32,7 @@ import pytest
 import xarray as xr
 
 import aligntools
-from aligntools.analyzer import compiled_rows
+from aligntools.analyzer import compiled_metrics
 from aligntools.analyzer.metrics import compiled_path_agrees
 from aligntools.analyzer.comparison import Comparison
 from tests.aligntools.analyzer.analyzer_synth import downstream, make_capture, noise
@@ -210,8 +210,8 @@ def specs() -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("path", ["0", "1"], ids=["numpy", "compiled"])
 @pytest.mark.parametrize("name", [k for k in json.loads(FIXTURE.read_text()) if k != ENV] if FIXTURE.exists() else [])
 def test_metrics_are_bit_identical_to_the_pinned_ones(name, path, specs, pinned, monkeypatch):
-    """Both paths of the row kernels (``compiled_rows.ENV_SWITCH``) give the pinned bits."""
-    monkeypatch.setenv(compiled_rows.ENV_SWITCH, path)
+    """Both paths of the row kernels (``compiled_metrics.ENV_SWITCH``) give the pinned bits."""
+    monkeypatch.setenv(compiled_metrics.ENV_SWITCH, path)
     assert path == "0" or compiled_path_agrees()  # same machine primitives as the pins: the kernels run
     got, want = run(specs[name]), pinned[name]
     diff = [f"{part}.{key}: {got[part].get(key)} != {want[part].get(key)}"

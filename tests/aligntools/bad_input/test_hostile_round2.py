@@ -14,7 +14,7 @@ import aligntools
 from aligntools.gates.engine_spec import parse_engine_spec
 from aligntools.gates.inputs import GateUsageError
 from minirl import Knobs
-from minirl.rollout_engine import parse_knobs
+from minirl.training.rollout_engine import parse_knobs
 
 IDS = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
 

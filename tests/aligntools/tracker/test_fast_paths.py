@@ -200,12 +200,12 @@ def kernel_rows() -> list[torch.Tensor]:
 
 
 def test_compiled_row_kernel_is_torch_bit_for_bit():
-    from aligntools.tracker import row_hash, row_kernel
+    from aligntools.tracker import row_hash, compiled_row_stats
 
     if not stats._kernel_agrees():
         pytest.skip("this torch build sums in another order: stats mode uses torch's path")
     for x in kernel_rows() + [torch.randn(600, 37), torch.randn(2, 32767) * 1e30]:
-        got, flags = row_kernel.row_sums(x, row_hash.keys(x.shape[1]))
+        got, flags = compiled_row_stats.row_sums(x, row_hash.keys(x.shape[1]))
         want = (x.amin(1).double(), x.amax(1).double(), *stats._sum_l2(x))
         for name, a, b in zip(("min", "max", "sum", "l2"), got, want):
             assert torch.equal(bits(a), bits(b)), (name, tuple(x.shape))
@@ -213,17 +213,17 @@ def test_compiled_row_kernel_is_torch_bit_for_bit():
 
 
 def test_compiled_row_kernel_flags_zero_extremes_and_nonfinite_rows():
-    from aligntools.tracker import row_hash, row_kernel
+    from aligntools.tracker import row_hash, compiled_row_stats
 
     x = torch.randn(4, 37) + 10  # all positive: no zero extreme
-    assert row_kernel.row_sums(x, row_hash.keys(x.shape[1]))[1] == 0
+    assert compiled_row_stats.row_sums(x, row_hash.keys(x.shape[1]))[1] == 0
     x[1, 5] = -0.0  # now the min of row 1 is a zero
-    assert row_kernel.row_sums(x, row_hash.keys(x.shape[1]))[1] == row_kernel.ZERO_MIN_MAX
+    assert compiled_row_stats.row_sums(x, row_hash.keys(x.shape[1]))[1] == compiled_row_stats.ZERO_MIN_MAX
     x[2, 0] = float("nan")
-    assert row_kernel.row_sums(x, row_hash.keys(x.shape[1]))[1] == row_kernel.ZERO_MIN_MAX | row_kernel.NONFINITE_SUM
+    assert compiled_row_stats.row_sums(x, row_hash.keys(x.shape[1]))[1] == compiled_row_stats.ZERO_MIN_MAX | compiled_row_stats.NONFINITE_SUM
     x[1, 5] = 1.0
     x[2, 0] = float("-inf")
-    assert row_kernel.row_sums(x, row_hash.keys(x.shape[1]))[1] == row_kernel.NONFINITE_SUM
+    assert compiled_row_stats.row_sums(x, row_hash.keys(x.shape[1]))[1] == compiled_row_stats.NONFINITE_SUM
 
 
 def test_stats_with_and_without_the_compiled_kernel_are_the_same_bytes(monkeypatch):

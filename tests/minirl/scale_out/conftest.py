@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minirl.async_loop import run
-from minirl.train_config import TrainConfig
+from minirl.scale_out.async_loop import run
+from minirl.training.train_config import TrainConfig
 
 
 @pytest.fixture(scope="session")

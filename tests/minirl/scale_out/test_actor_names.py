@@ -13,7 +13,7 @@ pytest.importorskip("ray")
 
 def test_no_actor_method_is_shadowed_by_nnsight():
     nnsight = pytest.importorskip("nnsight")
-    from minirl import ray_actors, ray_queue
+    from minirl.scale_out import ray_actors, ray_queue
 
     assert nnsight is not None and hasattr(object(), "save")  # the mount is active in this process
     actors = [ray_actors.RolloutActor, ray_actors.RewardActor, ray_actors.TrainerActor, ray_queue.ControllerActor,

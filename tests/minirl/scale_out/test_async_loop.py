@@ -10,10 +10,10 @@ import torch
 from matplotlib.figure import Figure
 
 from minirl import tasks
-from minirl.async_loop import LocalBackend, run
-from minirl.reward_worker import RewardWorker
-from minirl.timeline import staleness_figure
-from minirl.train_config import TrainConfig
+from minirl.scale_out.async_loop import LocalBackend, run
+from minirl.scale_out.reward_worker import RewardWorker
+from minirl.scale_out.timeline import staleness_figure
+from minirl.training.train_config import TrainConfig
 
 
 def test_async_stays_within_max_staleness(make_cfg, sync_rows):

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from minirl.transfer_queue import LocalTransferQueue, QueueConfig
+from minirl.scale_out.transfer_queue import LocalTransferQueue, QueueConfig
 
 CFG = QueueConfig(columns=("prompt", "out"), consumers=("work", "train"), capacity=4, timeout_s=60)
 

@@ -12,18 +12,18 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from minirl.async_loop import run  # noqa: E402
-from minirl.ray_actors import check_cpus, probe  # noqa: E402
-from minirl.ray_queue import RayTransferQueue  # noqa: E402
-from minirl.train_config import TrainConfig  # noqa: E402
-from minirl.transfer_queue import QueueConfig  # noqa: E402
+from minirl.scale_out.async_loop import run  # noqa: E402
+from minirl.scale_out.ray_actors import check_cpus, probe  # noqa: E402
+from minirl.scale_out.ray_queue import RayTransferQueue  # noqa: E402
+from minirl.training.train_config import TrainConfig  # noqa: E402
+from minirl.scale_out.transfer_queue import QueueConfig  # noqa: E402
 
 from .conftest import same_metrics  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    os.environ.setdefault("RAY_raylet_start_wait_time_s", "240")  # as minirl.ray_actors.connect does
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "240")  # as minirl.scale_out.ray_actors.connect does
     for attempt in range(3):  # Ray gives its raylet a fixed 30 s to register: too short on a loaded host
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

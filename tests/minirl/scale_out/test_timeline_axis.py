@@ -10,7 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from minirl.timeline import Timeline, staleness_figure  # noqa: E402
+from minirl.scale_out.timeline import Timeline, staleness_figure  # noqa: E402
 
 T = 1_000.0  # wall-clock seconds of the first span
 STARTUP = 16.0

@@ -1,0 +1,429 @@
+"""The RL loop: rollout -> reward -> advantages -> old logprobs -> corrections -> updates -> sync.
+
+    >>> import minirl
+    >>> result = minirl.train(minirl.TrainConfig(steps=10, correction="icepop"))
+
+The training engine is a transformers model (fp32); the rollout engine is anything with
+``generate`` + ``load_weights`` (``minirl.training.rollout_engine``). How mismatched they are is the
+experiment variable (``TrainConfig.engine`` / ``engine_dtype``). Every random choice is a pure
+function of ``(seed, step)``, so a resumed run reproduces the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from minirl import SamplingParams, tasks
+
+from minirl.algorithms import advantages, corrections, espo, losses, router_replay
+
+from minirl.training import checkpointing, plot
+from minirl.training.c3po_loop import C3poGroups
+from minirl.training.groups import Drawn, SyncGroups, generate
+from minirl.training.rollout_engine import RolloutEngine, make_engine
+from minirl.training.resume import RunInterrupted, changes, clear_run
+from minirl.quiet import quiet
+from minirl.training.run_log import RunLog
+from minirl.training.sft import encode, warm_start
+from minirl.training.train_config import TrainConfig
+from minirl.training.trainer_forward import forward
+from minirl.algorithms.zero_variance import reshape_zero_variance_advantages
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    log_path: Path
+    rows: list[dict]  # the metric rows, also in ``log_path``
+    model: torch.nn.Module | None  # None for ``mode: ray`` (the model lives in the trainer actor)
+
+
+@dataclass
+class Batch:
+    """One step's rollouts, padded to the longest ``prompt + completion`` (L tokens)."""
+
+    sequences: list[list[int]]
+    mask: torch.Tensor  # [B, L-1] 1 at positions predicting a generated token
+    logp_infer: torch.Tensor  # [B, L-1] rollout engine's raw logprobs there, 0 elsewhere
+    routed: list[torch.Tensor] | None  # per sequence [len, n_moe, k] (R3), None for dense models
+    prompt_lens: list[int]  # per sequence, its prompt's length (``shared_prefix`` packing)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, engine: RolloutEngine | None = None) -> None:
+        import transformers
+
+        self.cfg = c = config
+        self.task = tasks.get(c.task, **c.task_kwargs)
+        self.train_set, self.eval_set = tasks.splits(self.task, c.n_train, c.n_eval, c.seed)
+        self.model_path = resolve_model(c)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
+        self.device = resolve_device(c.device)
+        torch.manual_seed(c.seed)
+        with quiet(c.progress):  # progress: false silences transformers' "Loading weights" bars too
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        self.model.to(self.device).train()
+        if c.router_replay != "none" and not router_replay.routers(self.model):
+            raise ValueError(f"router_replay={c.router_replay!r} needs an MoE model (Qwen3-MoE, Mixtral); "
+                             f"{self.model_path} has no router: set router_replay: none")
+        self.ref = None
+        if c.kl_coef > 0:
+            with quiet(c.progress):
+                self.ref = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+            self.ref.to(self.device).eval().requires_grad_(False)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
+                                     fused=True)  # one kernel per step, not a loop over tensors (CPU and CUDA)
+        self.engine = engine if engine is not None else make_engine(c.engine, self.model_path, c.engine_dtype)
+        if c.router_replay == "r3" and not getattr(self.engine, "returns_routed_experts", True):
+            raise ValueError(f"router_replay='r3' replays the rollout engine's routed experts, and "
+                             f"{type(self.engine).__name__} returns none; use router_replay: r2 (record in the "
+                             f"trainer's old-logprob pass) or the minirl engine")
+        self.out = Path(c.out_dir)
+        self.log = RunLog(self.out / "metrics.nc")
+        self.step, self.nan_streak = 0, 0
+        self.saved_step: int | None = None  # step of the last checkpoint this run wrote or resumed from
+        self.task_uses_tools = tasks.uses_tools(c.task)
+        self.groups = C3poGroups(self) if c.rollout == "c3po" else SyncGroups(self)
+
+    # ------------------------------------------------------------------ loop
+    def run(self, resume: bool = False) -> TrainResult:
+        """Train to ``steps``. ``resume`` continues from ``<out_dir>/checkpoint`` (values that may
+        change on resume are applied, the others refused: ``minirl.training.resume``); without it, a
+        previous run's files in ``out_dir`` are replaced (``mlab train`` refuses unless
+        ``--overwrite``). Ctrl-C raises ``RunInterrupted`` saying which checkpoint is intact."""
+        if resume and checkpointing.exists(self.out / "checkpoint"):
+            self._restore()
+        elif not resume:
+            clear_run(self.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        board = None
+        if self.cfg.report_to == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            board = SummaryWriter(str(self.out / "tensorboard"), purge_step=self.step)
+        try:
+            self._loop(board)
+        except KeyboardInterrupt:
+            kept = (f"the checkpoint at step {self.saved_step} is intact; resume with --resume"
+                    if self.saved_step is not None else
+                    f"no checkpoint was written (checkpoint_every={self.cfg.checkpoint_every}), so it cannot be "
+                    f"resumed; start again with --overwrite")
+            raise RunInterrupted(f"interrupted at step {self.step}; {kept}") from None
+        finally:
+            if board is not None:
+                board.close()
+        plot.plot_runs([self.out], self.out / "curves.png")
+        return TrainResult(self.out, self.log.path, self.log.rows, self.model)
+
+    def _loop(self, board) -> None:  # noqa: ANN001 - a SummaryWriter or None
+        bar = tqdm(range(self.step, self.cfg.steps), desc="minirl train", unit="step", disable=not self.cfg.progress,
+                   initial=self.step, total=self.cfg.steps)
+        for step in bar:
+            evaluated = self.cfg.eval_every and step % self.cfg.eval_every == 0
+            eval_accuracy = self.evaluate() if evaluated else None  # before the step's update
+            metrics = self.train_step(step)
+            if evaluated:
+                metrics["eval_accuracy"] = eval_accuracy
+            metrics["lr"] = self.opt.param_groups[0]["lr"]
+            self.log.append(step, metrics)
+            if board is not None:
+                for name, value in metrics.items():
+                    board.add_scalar(name, value, step)
+            self.step = step + 1
+            bar.set_postfix(reward=f"{metrics['reward']:.2f}",
+                            mismatch=f"{metrics.get('abs_dlogp_mean', math.nan):.1e}")
+            if metrics["nan_skipped"]:
+                self.nan_streak += 1
+                if self.nan_streak >= self.cfg.max_nan_steps:
+                    kept = (f"The checkpoint at step {self.saved_step} ({self.out / 'checkpoint'}) is intact"
+                            if self.saved_step is not None else
+                            f"No checkpoint was written (checkpoint_every={self.cfg.checkpoint_every})")
+                    plot.plot_runs([self.out], self.out / "curves.png")
+                    raise RuntimeError(
+                        f"loss was not finite for {self.nan_streak} steps in a row (last: step {step}); each was "
+                        f"skipped and the run stopped. {kept}; lower lr, enable a correction (icepop/tis), or "
+                        f"raise max_nan_steps")
+            else:
+                self.nan_streak = 0
+            every = self.cfg.checkpoint_every
+            if every and (self.step % every == 0 or self.step == self.cfg.steps):
+                self._save()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Rollout and reward (``self.groups``: sync groups or C3PO++) -> ``learn`` -> weight sync
+        (skipped when there was nothing to train on or the update was not finite)."""
+        t = time.perf_counter()
+        drawn: Drawn = self.groups.collect(step, _seed(self.cfg.seed, step, 1))
+        time_rollout = time.perf_counter() - t
+        if drawn.rollouts:
+            metrics = self.learn(step, drawn.rollouts, drawn.rewards, drawn.group_size)
+        else:  # no complete / informative group this step: nothing to learn from
+            metrics = {"reward": math.nan, "nan_skipped": 0.0}
+        t = time.perf_counter()
+        if drawn.rollouts and not metrics["nan_skipped"]:  # weight sync: the engine serves the updated policy
+            self.engine.load_weights(self.model)
+        return {**metrics, **drawn.metrics, "reward_errors": float(drawn.errors), "time_rollout": time_rollout,
+                "time_sync": time.perf_counter() - t}
+
+    def learn(self, step: int, rollouts: list, rewards: torch.Tensor, group_size: int | None = None
+              ) -> dict[str, float]:
+        """One update on prompt-major ``rollouts`` (``group_size`` per prompt, default the
+        config's) with their rewards: advantages -> old logprobs (trainer forward, or bypass) ->
+        corrections -> zero-variance reshaping -> minibatch updates. The rollouts' own logprobs
+        are pi_infer of whatever policy version sampled each token, so the correction covers the
+        engine mismatch and, in async runs, the staleness."""
+        c, t = self.cfg, time.perf_counter()
+        g = group_size or c.group_size
+        adv = advantages.grpo_advantages(rewards, g, normalize_std=c.advantage == "grpo").to(self.device)
+        batch = pack(rollouts, self.device)
+        routing = batch.routed if c.router_replay == "r3" else None
+        prompt_lens = batch.prompt_lens if c.shared_prefix else None
+        old = None
+        if c.old_logprobs == "recompute":
+            with torch.no_grad():
+                old = forward(self.model, batch.sequences, routing, record_routing=c.router_replay == "r2",
+                              prompt_lens=prompt_lens)
+            routing = old.routing if c.router_replay == "r2" else routing
+        logp_old = old.logp * batch.mask if old is not None else batch.logp_infer
+        weights, mask, metrics = correct(c, logp_old, batch.logp_infer, batch.mask)
+        entropy_old = old.entropy if old is not None else None  # [B, L-1] of pi_old (ESPO, reshaping)
+        if c.zero_variance == "reshape":
+            adv = reshape(adv, rewards, entropy_old, batch.mask, g, c.zero_variance_alpha)
+        logp_ref = None
+        if self.ref is not None:
+            with torch.no_grad():
+                logp_ref = forward(self.ref, batch.sequences).logp
+        times = {"time_old_logprobs": time.perf_counter() - t}
+
+        t = time.perf_counter()
+        update = self._update(step, batch, adv, logp_old, weights, mask, routing, logp_ref, entropy_old)
+        times["time_update"] = time.perf_counter() - t
+        update["nan_skipped"] = float(update["nan_skipped"])
+        update_entropy = update.pop("_entropy")
+        entropy = old.entropy if old is not None else update_entropy
+        metrics.update(corrections.masked_token_stats(weights, mask, batch.logp_infer, entropy))
+        if c.old_logprobs == "bypass":  # no trainer forward on the rollout: the gap is unmeasured
+            metrics.update({k: math.nan for k in corrections.mismatch_metrics(logp_old, logp_old, mask)})
+        lengths = torch.tensor([len(r.token_ids) for r in rollouts], dtype=torch.float32)
+        return {"reward": float(rewards.mean()), "accuracy": float((rewards > 0).float().mean()),
+                "length": float(lengths.mean()), "entropy": metrics.pop("entropy_all"),
+                **metrics, **update, **times}
+
+    def _update(self, step: int, batch: Batch, adv: torch.Tensor, logp_old: torch.Tensor, weights: torch.Tensor,
+                mask: torch.Tensor, routing: list[torch.Tensor] | None, logp_ref: torch.Tensor | None,
+                entropy_old: torch.Tensor | None = None) -> dict:
+        """``epochs`` passes of ``minibatches`` AdamW steps; a non-finite loss or gradient skips
+        the whole step (weights untouched: nothing after it can be trusted). A minibatch whose
+        gradient is exactly zero (all advantages 0, no KL term) takes no optimizer step: AdamW
+        would move the weights anyway on its momentum, and on smollm2-135m such steps undid a
+        36-point held-out gain (docs/measurements/2026-11-26-real-model-rl.md). ``opt_skipped``
+        logs the share of minibatches skipped."""
+        c = self.cfg
+        n, width = len(batch.sequences), batch.mask.shape[1]
+        gen = torch.Generator().manual_seed(_seed(c.seed, step, 2))
+        entropy = torch.zeros_like(batch.logp_infer)
+        sums: dict[str, float] = {}
+        count = 0
+        snapshot = None
+        for epoch in range(c.epochs):
+            for idx in torch.randperm(n, generator=gen).chunk(c.minibatches):
+                rows = idx.tolist()
+                fwd = forward(self.model, [batch.sequences[i] for i in rows],
+                              None if routing is None else [routing[i] for i in rows],
+                              prompt_lens=[batch.prompt_lens[i] for i in rows] if c.shared_prefix else None)
+                logp = torch.nn.functional.pad(fwd.logp, (0, width - fwd.logp.shape[1]))  # [b, L-1]
+                if epoch == 0:
+                    entropy[idx] = torch.nn.functional.pad(fwd.entropy, (0, width - fwd.entropy.shape[1]))
+                loss, m = policy_loss(c, logp, logp_old[idx], adv[idx], mask[idx], weights[idx],
+                                      None if entropy_old is None else entropy_old[idx], self.model.config.vocab_size)
+                if logp_ref is not None:
+                    kl, km = losses.kl_penalty(logp, logp_ref[idx], mask[idx], c.kl_estimator, c.agg)
+                    loss, m = loss + c.kl_coef * kl, {**m, **km}
+                if snapshot is None:  # to roll back minibatches already applied if a later one fails
+                    snapshot = copy.deepcopy((self.model.state_dict(), self.opt.state_dict()))
+                self.opt.zero_grad()
+                loss.backward()
+                params = [p for p in self.model.parameters() if p.grad is not None]
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+                if torch.isfinite(grad_norm):  # clipping by a non-finite norm would write NaN into every grad
+                    torch.nn.utils.clip_grads_with_norm_(params, c.grad_clip, grad_norm)
+                if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+                    self.opt.zero_grad()
+                    self.model.load_state_dict(snapshot[0])
+                    self.opt.load_state_dict(snapshot[1])
+                    return {"nan_skipped": True, "_entropy": entropy}
+                no_signal = float(grad_norm) == 0.0  # every advantage 0 and no KL: nothing to learn from
+                if not no_signal:  # AdamW would still move the weights on momentum and decay, unguided
+                    self.opt.step()
+                for k, v in {**m, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
+                             "opt_skipped": float(no_signal)}.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                count += 1
+        return {**{k: v / count for k, v in sums.items()}, "nan_skipped": False, "_entropy": entropy}
+
+    # ------------------------------------------------------------------ pieces
+    def problems(self, step: int) -> list[tasks.Problem]:
+        """Data position: epoch-wise seeded shuffles of the training set, read in order."""
+        k, n = self.cfg.prompts_per_step, len(self.train_set)
+        out = []
+        for pos in range(step * k, (step + 1) * k):
+            epoch, i = divmod(pos, n)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(_seed(self.cfg.seed, epoch, 3)))
+            out.append(self.train_set[int(order[i])])
+        return out
+
+    def score(self, problem: tasks.Problem, token_ids: list[int]) -> tuple[float, bool]:
+        """(reward, verifier raised) of generated tokens."""
+        return self.verify(problem, self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    def verify(self, problem: tasks.Problem, text: str) -> tuple[float, bool]:
+        """(reward, verifier raised): a verifier that raises gives reward 0 and is counted."""
+        try:
+            return float(self.task.verify(problem, text)), False
+        except Exception:  # noqa: BLE001 - any verifier bug costs one sample, not the run
+            return 0.0, True
+
+    def evaluate(self) -> float:
+        """Greedy accuracy on the held-out split (with the rollout engine, as it would be served)."""
+        if not self.eval_set:
+            return math.nan
+        prompts = [encode(self.tokenizer, p.prompt)[0] for p in self.eval_set]
+        params = SamplingParams(n=1, max_new_tokens=self.cfg.max_new_tokens, temperature=0.0)
+        texts = [text for _, text in generate(self, prompts, params)]  # multi-turn for a tool task
+        return sum(self.verify(p, text)[0] > 0 for p, text in zip(self.eval_set, texts)) / len(self.eval_set)
+
+    def _save(self) -> None:
+        checkpointing.save(self.out / "checkpoint", self.model, self.opt,
+                           {"step": self.step, "nan_streak": self.nan_streak, "rows": self.log.rows,
+                            "events": self.log.events, "config": self.cfg.to_dict(),
+                            "model_identity": checkpointing.model_identity(self.cfg.model)})
+        self.saved_step = self.step
+
+    def _restore(self) -> None:
+        """Continue from the checkpoint: refuse what it cannot continue (a damaged file, a step
+        outside the run, a changed model/task/seed...), apply what may change (``minirl.training.resume``)."""
+        path = self.out / "checkpoint"
+        recovered = not path.exists()  # only .checkpoint.old survived a crash mid-save
+        state = checkpointing.load(path, self.model, self.opt)
+        saved = state.get("config") if isinstance(state.get("config"), dict) else {}
+        step, rows = state.get("step"), state.get("rows")
+        last = saved.get("steps") if isinstance(saved.get("steps"), int) else self.cfg.steps
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= last \
+                or not isinstance(rows, list) or len(rows) != step:
+            raise checkpointing.CheckpointError(
+                f"{path / 'state.json'}: step={step!r} with {len(rows) if isinstance(rows, list) else rows!r} metric "
+                f"rows, but a checkpoint of this run has a step in [0, steps={last}] and one row per step; the file "
+                f"is damaged: restore it from a copy, or start again with --overwrite")
+        if step > self.cfg.steps:
+            raise ValueError(f"steps={self.cfg.steps}, but the checkpoint in {path} is already at step {step}; "
+                             f"set steps >= {step}")
+        identity = state.get("model_identity")
+        same_model = identity == checkpointing.model_identity(self.cfg.model) if identity else \
+            saved.get("model", self.cfg.model) == self.cfg.model
+        applied = changes(saved, self.cfg.to_dict(), same_model)
+        for group in self.opt.param_groups:  # the checkpoint's groups hold the old values
+            group.update(lr=self.cfg.lr, betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay)
+        self.step, self.nan_streak, self.saved_step = step, int(state.get("nan_streak", 0)), step
+        self.log = RunLog(self.log.path, rows, state.get("events"))
+        if recovered:
+            self.log.note(step, f"resumed from {path.with_name('.checkpoint.old')} (a save was interrupted)")
+        for key, (old, new) in applied.items():
+            self.log.note(step, f"{key} changed on resume at step {step}: {old!r} -> {new!r}")
+        self.log.flush()
+        self.engine.load_weights(self.model)
+
+
+def resolve_model(c: TrainConfig) -> Path:
+    """The checkpoint RL starts from: ``c.model`` after ``c.sft_steps`` of task SFT (cached)."""
+    path = Path(c.model)
+    if not c.model:
+        raise ValueError("model is not set: set model to an HF checkpoint directory (e.g. the path "
+                         "`mlab zoo build tiny-qwen3-moe` prints)")
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"model={c.model!r}: no config.json there; pass an HF checkpoint directory "
+                                f"(e.g. the path `mlab zoo build tiny-qwen3-moe` prints)")
+    return warm_start(path, c.task, c.task_kwargs, steps=c.sft_steps, seed=c.seed, progress=c.progress)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``TrainConfig.device`` -> a device; asking for CUDA where there is none says so."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but torch sees no CUDA device here; use device: auto or cpu")
+    return torch.device(name)
+
+
+def pack(rollouts, device: torch.device | str = "cpu") -> Batch:
+    """Rollouts -> padded ``Batch`` (positions ``P-1 .. P+n-2`` predict the n generated tokens).
+    A rollout with a ``loss_mask`` (a tool trajectory, ``minirl.tasks.tool_calls``) trains only where it is
+    1: tool-response tokens are context, not actions."""
+    seqs = [list(r.prompt_ids) + list(r.token_ids) for r in rollouts]
+    width = max(len(s) for s in seqs) - 1
+    mask = torch.zeros(len(seqs), width)
+    logp = torch.zeros(len(seqs), width)
+    for i, r in enumerate(rollouts):
+        p, n = len(r.prompt_ids), len(r.token_ids)
+        loss_mask = getattr(r, "loss_mask", None)
+        mask[i, p - 1: p - 1 + n] = 1.0 if loss_mask is None else torch.tensor(loss_mask, dtype=torch.float32)
+        logp[i, p - 1: p - 1 + n] = torch.as_tensor(r.logprobs, dtype=torch.float32)
+    routed = None
+    if getattr(rollouts[0], "routed_experts", None) is not None:
+        routed = [torch.cat([r.prompt_routed_experts, r.routed_experts]) for r in rollouts]
+    return Batch(seqs, mask.to(device), logp.to(device), routed, [len(r.prompt_ids) for r in rollouts])
+
+
+def correct(c: TrainConfig, logp_old: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor):
+    """The configured mismatch correction -> (weights, mask, metrics)."""
+    if c.correction == "icepop":
+        return corrections.icepop(logp_old, logp_infer, mask, c.icepop_alpha, c.icepop_beta)
+    if c.correction == "tis":
+        return corrections.tis(logp_old, logp_infer, mask, c.correction_level, c.tis_cap)
+    if c.correction == "mis":
+        return corrections.mis(logp_old, logp_infer, mask, c.correction_level, c.mis_low, c.mis_high)
+    return corrections.no_correction(logp_old, logp_infer, mask)
+
+
+def policy_loss(c: TrainConfig, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                weights: torch.Tensor, entropy_old: torch.Tensor | None = None, vocab_size: int | None = None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The configured policy loss on [b, T] tensors (``entropy_old`` and ``vocab_size``: ESPO's).
+
+    GSPO always aggregates ``seq-mean-token-mean`` whatever ``agg`` says: its objective is a mean
+    over sequences of the sequence ratio (GSPO eq. 5; verl forces the same), and ``token-mean``
+    would weigh each sequence by its length. ESPO averages over its own entropy groups."""
+    if c.loss == "gspo":
+        return losses.gspo_loss(logp, logp_old, adv, mask, c.gspo_eps_low, c.gspo_eps_high, weights,
+                                "seq-mean-token-mean")
+    if c.loss == "espo":
+        cfg = espo.EspoConfig(c.espo_grouping, c.espo_top_fraction, c.espo_n_groups, c.espo_alpha, c.espo_clip_eps,
+                              c.espo_token_denominator)
+        loss, m = espo.espo_loss(logp, logp_old, adv, entropy_old, mask, vocab_size, cfg)
+        return loss, {"pg_loss": float(loss.detach()), **{k.replace("/", "_"): v for k, v in m.items()}}
+    return losses.ppo_clip_loss(logp, logp_old, adv, mask, c.eps_low, c.eps_high, c.dual_clip, weights, c.agg)
+
+
+def reshape(adv: torch.Tensor, rewards: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor, group_size: int,
+            alpha: float) -> torch.Tensor:
+    """Per-sequence GRPO advantages [B] -> per-token [B, T], each zero-variance group's
+    reshaped from ``entropy`` (RL-ZVP, CompassMax §2.4.1; ``minirl.algorithms.zero_variance``)."""
+    tok = adv[:, None].expand_as(mask).clone()  # [B, T]
+    for lo in range(0, len(adv), group_size):
+        hi = lo + group_size
+        tok[lo:hi] = reshape_zero_variance_advantages(tok[lo:hi], rewards[lo:hi], entropy[lo:hi], mask[lo:hi],
+                                                      alpha=alpha)
+    return tok
+
+
+def _seed(seed: int, step: int, stream: int) -> int:
+    """A distinct, reproducible seed per (run seed, step, purpose)."""
+    return (seed * 1_000_003 + step) * 16 + stream

@@ -1,0 +1,165 @@
+"""A vLLM ``LLM`` the lab can hook: created in this process from a spec, and updated in place.
+
+Why these settings: hooks must run where the model runs, so the engine core stays in this
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and runs eagerly (``enforce_eager=True``: no
+torch.compile / CUDA graphs skipping module hooks). Prefix caching is off by default: a cached
+prefix is not recomputed, so its activations would be missing from a capture. The CPU KV cache
+is 2 GB (``VLLM_CPU_KVCACHE_SPACE``; vLLM's default takes a large share of RAM). vLLM is
+imported only here and in the adapter, when a vLLM engine is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import sys
+import weakref
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+
+ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+class VllmUnavailable(RuntimeError):
+    """vLLM cannot run here; the message is the one-line reason (tests skip with it)."""
+
+
+def unavailable_reason() -> str | None:
+    """Why vLLM's CPU build cannot run on this machine, or None when it can."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (pip install --no-deps -r requirements-vllm.txt, Linux x86-64)"
+    if platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and not torch.cuda.is_available():
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            flags = ""
+        if " avx2" not in flags:
+            return "this CPU lacks AVX2, which vLLM's CPU kernels need"
+    return None
+
+
+def check_model(path: str | os.PathLike) -> None:
+    """Refuse, before vLLM starts, a checkpoint vLLM cannot run here: an architecture its
+    registry lacks or a head size its CPU attention rejects (it would fail deep inside)."""
+    from vllm import ModelRegistry
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    archs = config.get("architectures") or []
+    supported = ModelRegistry.get_supported_archs()
+    if not any(a in supported for a in archs):
+        raise ValueError(f"{path}: vLLM has no implementation of architecture {archs}; "
+                         f"capture it with the hf or minirl engine instead")
+    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if not torch.cuda.is_available():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in sizes:
+            raise ValueError(f"{path}: head_dim={head} is not supported by vLLM's CPU attention "
+                             f"(supported: {sizes}); use a model with one of those head sizes")
+
+
+def create_llm(path: str | os.PathLike, dtype: str | None = None, **options: object):
+    """An in-process, eager vLLM ``LLM`` on checkpoint ``path``. ``dtype`` None = the ``vllm``
+    engine spec's default (bfloat16, ``minirl.EngineSpec.engine_dtype``); ``options``: those of
+    the spec (``max_model_len``, ``max_num_seqs``, ``prefix_caching``, ``seed``), checked by it."""
+    reason = unavailable_reason()
+    if reason:
+        raise VllmUnavailable(reason)
+    from minirl import EngineSpec
+
+    dtype = EngineSpec("vllm", dtype, None, options).engine_dtype()  # unknown dtype / option: ValueError
+    for key, value in ENV.items():
+        os.environ.setdefault(key, value)
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        raise VllmUnavailable("VLLM_ENABLE_V1_MULTIPROCESSING is set to run vLLM in another process, out of reach "
+                              "of capture hooks; unset it or set it to 0")
+    check_model(path)
+    _make_room_for_experts(path)
+    _keep_llvmlite_out_of_vllms_scan()
+    from minirl.quiet import install_filters, progress_enabled
+
+    install_filters()  # before vLLM's import: its start-up and weight-sync warnings known to be harmless
+    from vllm import LLM
+
+    kwargs = {k: v for k, v in options.items() if k != "prefix_caching"}
+    llm = LLM(model=str(path), dtype=dtype, enforce_eager=True, use_tqdm_on_load=progress_enabled(),
+              enable_prefix_caching=bool(options.get("prefix_caching", False)), **kwargs)
+    keep_parallel_groups(llm)
+    return llm
+
+
+def _keep_llvmlite_out_of_vllms_scan() -> None:
+    """vLLM's start-up scan of every module crashes on llvmlite's ``ffi.lib`` once numba is
+    loaded, by us or by the caller (``aligntools.numba_vllm_compat``): patch it if it is there."""
+    if "llvmlite.binding.ffi" in sys.modules:
+        from kernels.llvmlite_guard import guard
+
+        guard()
+
+
+def keep_parallel_groups(llm: object) -> None:
+    """When an in-process LLM is garbage-collected, vLLM's engine core tears down the
+    *process-wide* distributed state, and every other LLM of the process then fails with
+    "pipeline model parallel group is not initialized". Replace that finalizer with one that
+    only releases this engine's worker, so engines can come and go (tests, fingerprint, RL)."""
+    client = llm.llm_engine.engine_core  # InprocClient when VLLM_ENABLE_V1_MULTIPROCESSING=0
+    finalizer = getattr(client, "_finalizer", None)
+    if finalizer is not None and finalizer.detach() is not None:
+        client._finalizer = weakref.finalize(client, client.engine_core.model_executor.shutdown)
+
+
+def _make_room_for_experts(path: str | os.PathLike) -> None:
+    """vLLM builds its process-wide parallel groups once, for the first model of the process,
+    and builds the expert-parallel group only if that model is MoE: a MoE model created after a
+    dense one would fail with "expert parallel group is not initialized". Tearing the groups
+    down lets the new engine build them all; earlier engines (world size 1) use the new ones."""
+    from vllm.distributed import parallel_state as ps
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    moe = any(isinstance(config.get(k), int) and config[k] > 0 for k in ("num_experts", "num_local_experts"))
+    if moe and ps.model_parallel_is_initialized() and ps._EP is None:
+        ps.destroy_model_parallel()
+
+
+def engine_settings(llm: object) -> dict[str, object]:
+    """What a capture's report records about a vLLM engine: version and the settings above."""
+    import vllm
+
+    engine = llm.llm_engine
+    model, cache = engine.model_config, engine.vllm_config.cache_config
+    return {"vllm_version": vllm.__version__, "dtype": str(model.dtype).removeprefix("torch."),
+            "enforce_eager": model.enforce_eager, "max_model_len": model.max_model_len,
+            "prefix_caching": bool(cache.enable_prefix_caching), "device": str(engine.vllm_config.device_config.device),
+            **{k: os.environ.get(k) for k in ENV}}
+
+
+def sync_weights(llm: object, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+                 | str | os.PathLike) -> None:
+    """Load new weights into a running ``LLM`` in place (what an RL trainer does after each
+    update): ``weights`` is a transformers-format state dict / ``(name, tensor)`` pairs, or a
+    checkpoint directory. vLLM renames, fuses (qkv, gate_up, experts) and casts them itself;
+    the prefix cache is reset so no KV computed with the old weights is reused."""
+    runner = llm.collective_rpc(lambda worker: worker.model_runner)[0]
+    if isinstance(weights, (str, os.PathLike)):
+        runner.reload_weights(weights_path=str(weights))
+    else:
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        runner.reload_weights(weights_iterator=((k, v.detach()) for k, v in pairs))
+    _repack_experts(runner.model)
+    llm.reset_prefix_cache()
+
+
+def _repack_experts(model: torch.nn.Module) -> None:
+    """vLLM 0.32 re-runs the MoE weight processing on reload but skips the experts kernel's own
+    step on a weight *update*; on CPU that step prepacks w13/w2 into the grouped-GEMM layout,
+    so without it the experts compute with raw weights (mean |Δ logprob| 0.89 on tiny-qwen3-moe).
+    Redo it for every MoE layer (a no-op for kernels that need no layer setup)."""
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None and hasattr(module, "w13_weight"):
+            kernel.fused_experts.process_weights_after_loading(module)

@@ -1,0 +1,84 @@
+"""Real vLLM as minirl's rollout engine: ``generate(prompts, params) -> list[Rollout]`` and
+``load_weights(model)``, the two methods the RL trainer calls (``minirl.training.rollout_engine``).
+
+Pass it to the trainer: ``engine: vllm`` in the run's config (``make_engine`` calls ``from_spec``),
+or ``minirl.train(config, engine=VllmRollouts.create(path, "bfloat16"))``. The LLM comes from
+``minirl.vllm.llm.create_llm``, the one place an in-process vLLM is made (aligntools' builder
+calls it too), so a spec gives the same engine for capture, the gate and RL.
+
+Logprobs are vLLM's ``raw_logprobs`` (its default ``logprobs_mode``): log-softmax of the model's
+logits before temperature / top-k / top-p, the same convention as minirl's ``Rollout.logprobs``
+(docs/conventions.md), so the mismatch ratio compares like with like. On a MoE model each
+rollout also carries vLLM's own expert choices (``prompt_routed_experts`` + ``routed_experts``,
+minirl's layout), recorded by hooks during ``generate`` (``minirl.vllm.routing``): that is what R3 router
+replay replays; vLLM's ``enable_return_routed_experts`` needs its GPU model runner.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from minirl.vllm.llm import create_llm, sync_weights
+from minirl.vllm.routing import RoutingRecorder
+from minirl import Rollout, SamplingParams
+
+
+class VllmRollouts:
+    """Rollouts from an in-process vLLM ``LLM`` (made with ``create_llm``: eager, in process)."""
+
+    def __init__(self, llm: object) -> None:
+        self.llm = llm
+        self.routing = RoutingRecorder(llm)
+        self.returns_routed_experts = self.routing.is_moe  # R3 can replay them
+
+    @classmethod
+    def create(cls, path: str | os.PathLike, dtype: str | None = None, **options: object) -> "VllmRollouts":
+        """A rollout engine over checkpoint ``path`` (dtype and options as in the ``vllm`` engine
+        spec; dtype None = its default, bfloat16)."""
+        return cls(create_llm(path, dtype, **options))
+
+    @classmethod
+    def from_spec(cls, spec: str, path: str | os.PathLike, dtype: str | None = None) -> "VllmRollouts":
+        """``vllm[:DTYPE][,option=value...]`` (``minirl.EngineSpec``, the grammar of ``mlab check``),
+        ``dtype`` is the run's ``engine_dtype``, and a dtype in the spec must agree with it."""
+        from minirl import EngineSpec
+
+        parsed = EngineSpec.parse(spec)
+        if parsed.kind != "vllm":
+            raise ValueError(f"engine spec {spec!r} is not a vllm spec: 'vllm[:DTYPE][,option=value...]'")
+        return cls(create_llm(path, parsed.engine_dtype(dtype), **parsed.options))
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+        """``params.n`` samples per prompt, prompt-major, with raw logprobs of the sampled tokens."""
+        from vllm import SamplingParams as VllmParams
+
+        vp = VllmParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                        top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_new_tokens,
+                        stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos,
+                        seed=params.seed, logprobs=0)
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        if self.returns_routed_experts:
+            with self.routing:
+                outs = self.llm.generate(requests, vp, use_tqdm=False)
+        else:
+            outs = self.llm.generate(requests, vp, use_tqdm=False)
+        rollouts = []
+        for prompt, request in zip(prompts, outs):
+            for sample in request.outputs:  # [n] completions of this prompt
+                ids = list(sample.token_ids)
+                logprobs = torch.tensor([step[t].logprob for t, step in zip(ids, sample.logprobs)],
+                                        dtype=torch.float32)  # [T] raw
+                rollout = Rollout(prompt_ids=list(prompt), token_ids=ids, logprobs=logprobs,
+                                  finish_reason="stop" if sample.finish_reason == "stop" else "length")
+                if self.returns_routed_experts:
+                    routed = self.routing.routed_experts(  # [P + T, n_moe_layers, k]
+                        self.routing.request_for(request.request_id, sample.index, params.n), list(prompt) + ids)
+                    rollout.prompt_routed_experts, rollout.routed_experts = routed[: len(prompt)], routed[len(prompt):]
+                rollouts.append(rollout)
+        return rollouts
+
+    def load_weights(self, model: torch.nn.Module) -> None:
+        """Weight sync after each update: the running engine serves the trainer's new weights."""
+        sync_weights(self.llm, model.state_dict())
