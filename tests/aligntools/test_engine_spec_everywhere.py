@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from minirl.vllm import llm as vllm_engine
+from minirl.vllm import rollouts as vllm_rollouts
 from aligntools.gates import inputs as gate_inputs
 from minirl import Engine, EngineSpec, Knobs
 
@@ -67,6 +68,7 @@ def stubs(monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", hf)
     monkeypatch.setattr(Engine, "from_pretrained", classmethod(minirl))
     monkeypatch.setattr(vllm_engine, "create_llm", vllm)
+    monkeypatch.setattr(vllm_rollouts, "create_llm", vllm)  # the trainer's engine: the same constructor
     monkeypatch.setattr(vllm_engine, "unavailable_reason", lambda: None)
 
 

@@ -91,7 +91,7 @@ def test_real_model_config_is_grpo_icepop_with_vllm_and_runs_at_tiny_size(zoo, t
     assert (values["engine"], values["engine_dtype"], values["correction"], values["task"]) == (
         "vllm", "bfloat16", "icepop", "chat_arithmetic")
     assert (values["prompts_per_step"], values["group_size"], values["max_new_tokens"], values["sft_steps"]) == (
-        8, 8, 32, 0)
+        4, 8, 32, 0)  # the measured learning run's size (docs/measurements/2026-11-26-real-model-rl.md, section 5)
     values.update(model=str(zoo("tiny-qwen3")), engine="minirl:typical", n_train=8, n_eval=4, prompts_per_step=2,
                   group_size=4, max_new_tokens=4, steps=2, minibatches=1, eval_every=1, checkpoint_every=0,
                   out_dir=str(tmp_path / "run"), progress=False)
