@@ -66,8 +66,8 @@ bench: $(STAMP)
 reproduce: $(STAMP)
 	$(PY) -m labs.reproduce
 
-# Executed HTML copies of every notebook (small size unless SMALL=0), per-cell timeout.
-SMALL ?= 1
+# Executed HTML copies of every notebook at the size JupyterLab runs (SMALL=1: the tests' size), per-cell timeout.
+SMALL ?= 0
 notebooks: $(STAMP)
 	mkdir -p runs/notebooks
 	MLAB_NOTEBOOK_SMALL=$(SMALL) .venv/bin/jupyter nbconvert --to html --execute \
