@@ -42,9 +42,6 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.zero_variance == "reshape" and c.old_logprobs == "bypass",
          "reshaping shapes advantages by the old policy's token entropy, which bypass never computes; "
          "set old_logprobs: recompute"),
-    Rule("`router_replay: r2` with `old_logprobs: bypass`",
-         lambda c: c.router_replay == "r2" and c.old_logprobs == "bypass",
-         "r2 records routing in the old-logprob forward, which bypass skips; use r3 or old_logprobs: recompute"),
     Rule("`rollout: c3po` with `mode: async` or `ray`", lambda c: c.rollout == "c3po" and _off_loop(c),
          "C3PO++ is itself the rollout schedule (a token budget per update); the async/ray producers schedule whole "
          "steps ahead. Use mode: sync with rollout: c3po"),
@@ -77,6 +74,9 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.rollout == "c3po" and c.c3po_token_budget < c.c3po_chunk_tokens,
          "the budget Φ is checked once per chunk and must cover one; raise c3po_token_budget or lower "
          "c3po_chunk_tokens"),
+    Rule("`shared_prefix` with `router_replay`", lambda c: c.shared_prefix and c.router_replay != "none",
+         "router replay's records are per padded sequence, shared_prefix packs one row per prompt; "
+         "set shared_prefix: false"),
 )
 
 

@@ -137,6 +137,7 @@ def test_python_tool_model_writes_its_own_tool_calls(zoo, tmp_path):
     (dict(task="python_tool", router_replay="r3"), "router_replay: r2"),
     (dict(zero_variance="reshape", old_logprobs="bypass"), "old_logprobs: recompute"),
     (dict(router_replay="r2", old_logprobs="bypass"), "router_replay: r3"),
+    (dict(shared_prefix=True, router_replay="r3"), "set shared_prefix: false"),
     (dict(adaptive_group=True, group_size=8, adaptive_group_max=4), "adaptive_group_max"),
     (dict(mode="fast"), "valid: sync, async, ray"),
     (dict(zero_variance="drop"), "valid: none, filter, reshape"),
