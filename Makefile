@@ -40,13 +40,14 @@ $(STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 demo: debs $(STAMP)
 	$(PY) -m labs.demo
 
-# Two pytest-xdist workers, one test file each at a time (module-scoped fixtures such as the Ray
-# cluster and the GPU check's dry run are built once): the suite runs one torch thread per process
-# (tests/conftest.py), so a second worker uses the second core. docs/measurements/2026-11-26-make-test.md.
-XDIST := -n 2 --dist loadfile
+# Two pytest-xdist workers: the suite runs one torch thread per process (tests/conftest.py), so a
+# second worker uses the second core. tests/conftest.py's scheduler keeps a file on one worker
+# (module-scoped fixtures such as the Ray cluster are built once) except the notebook runs; the
+# longest start first, in collection order (no reorder by size). docs/measurements/2026-11-26-make-test.md.
+XDIST := -n 2 --no-loadscope-reorder
 
 test: debs $(STAMP)
-	$(PY) -m pytest -m "not slow" -q $(XDIST)
+	$(PY) -m pytest -m "not slow" -q $(XDIST) --durations=15
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(XDIST)
@@ -59,6 +60,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_tracker.py --hidden 1024
 	$(PY) benchmarks/bench_row_hash.py
 	$(PY) benchmarks/bench_compare.py
+	$(PY) benchmarks/bench_gemm_dtypes.py
 	$(PIP) -c requirements.txt -r requirements-bench.txt
 	$(PY) benchmarks/bench_trl.py
 

@@ -11,8 +11,8 @@ the same work in the same run on the same box. Both get the SFT-warmed zoo Qwen3
 tokenises, ``bos + prompt`` or the chat template's text), minirl's verifier as reward, 8 prompts
 x 8 samples, <= 8 new tokens (options). ``--model smollm2-135m`` (the real instruct model) runs
 the issue's step instead: ``chat_arithmetic`` (2-digit ± 1-digit) in its chat template, no SFT warm-up,
-<= 32 new tokens;
-temperature 1, lr 1e-3, no KL, no MoE aux loss, fp32 training, 2 AdamW steps per RL step (minirl
+<= 32 new tokens, lr 2e-5;
+temperature 1, lr 1e-3 (tiny model), no KL, no MoE aux loss, fp32 training, 2 AdamW steps per RL step (minirl
 ``minibatches=2``; TRL 32 completions per optimizer step, ``steps_per_generation=2``).
 
 How: one run does blocks of ``--steps`` RL steps per engine in the order ABC CBA (minirl bf16
@@ -62,6 +62,10 @@ ENGINES = (*VARIANTS, TRL)
 SHORT = dict(zip(("bf16", "fp32", "fast", "trl"), ENGINES))
 """``--engines`` names."""
 PHASES = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
+REAL_LR = 2e-5
+"""The real model's lr (configs/real_model_rl.yaml): at the tiny model's 1e-3, three updates taught
+smollm2-135m to stop ending its answers (every minirl completion hit the 32-token cap, TRL's fresh
+copy averaged 21), so the two sides generated different amounts of work per step."""
 SETTINGS = dict(task="arithmetic", task_kwargs={"digits": 1}, sft_steps=100, prompts_per_step=8, group_size=8,
                 max_new_tokens=8, temperature=1.0, lr=1e-3, kl_coef=0.0, minibatches=2, eval_every=0,
                 checkpoint_every=0, progress=False)
@@ -84,7 +88,7 @@ def main() -> None:
     SETTINGS.update(task=args.task, task_kwargs={"digits": 1} if args.task == "arithmetic" else {},
                     max_new_tokens=args.max_new_tokens)
     if args.model == "smollm2-135m":
-        SETTINGS.update(REAL)
+        SETTINGS.update(REAL, lr=REAL_LR)
     engines = tuple(SHORT.get(e.strip(), e.strip()) for e in args.engines.split(","))
     if not set(engines) <= set(ENGINES) or TRL not in engines or len(set(engines)) < 2:
         parser.error(f"--engines {args.engines!r}: a comma list of {', '.join(SHORT)}: trl and at least one of "
@@ -205,7 +209,7 @@ def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callback
         return [float(task.verify(by_prompt[p], c)) for p, c in zip(prompts, completions)]
 
     args = GRPOConfig(output_dir=out, use_cpu=True, report_to="none", save_strategy="no", bf16=False,
-                      num_generations=8, max_completion_length=SETTINGS["max_new_tokens"], temperature=1.0, beta=0.0, learning_rate=1e-3,
+                      num_generations=8, max_completion_length=SETTINGS["max_new_tokens"], temperature=1.0, beta=0.0, learning_rate=SETTINGS["lr"],
                       lr_scheduler_type="constant", per_device_train_batch_size=32, gradient_accumulation_steps=1,
                       steps_per_generation=2, max_steps=2 * steps, epsilon=0.2, epsilon_high=0.28,
                       router_aux_loss_coef=0.0, logging_steps=10**6, seed=0, disable_tqdm=rollout_func is not None)

@@ -10,6 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# One OpenMP thread in every process the tests start too (notebook kernels, `mlab` subprocesses, the
+# GPU check's stage workers): with two xdist workers on two cores, a 2-thread child spins against the
+# other worker (notebook 05 took 114 s in the suite at its small size, 53 s alone at its default size).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -28,13 +32,38 @@ if not torch.cuda.is_available():
 REPO = Path(__file__).resolve().parent.parent
 
 
+FIRST = ("tests/minirl/scale_out/test_ray_mode.py", "tests/test_notebooks.py", "tests/test_gpu_check.py")
+"""The longest-running files, collected first so that the two xdist workers finish together (longest
+job first); measured with ``--durations`` in docs/measurements/2026-11-26-make-test.md."""
+SPREAD = "tests/test_notebooks.py::test_notebook_executes["
+"""Tests that xdist may place one by one: each notebook run is independent, and together they take
+as long as the rest of a worker's share."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``make test``'s scheduler: a file's tests stay on one worker (its module-scoped fixtures, such
+    as the Ray cluster or the GPU check's dry run, are built once), except ``SPREAD``, which go one
+    by one; units are handed out in collection order (``--no-loadscope-reorder``). xdist's own
+    ``--dist loadgroup`` would do this with marks, but pytest 9.2 ignores the node id it rewrites."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesWithNotebooksSpread(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.startswith(SPREAD) else nodeid.split("::", 1)[0]
+
+    return FilesWithNotebooksSpread(config, log)
 
 
 @pytest.fixture(scope="session")

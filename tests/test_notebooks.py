@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import nbformat
 import pytest
@@ -11,7 +12,12 @@ from nbclient.exceptions import CellTimeoutError
 from tests.labs.test_notebook_outputs import OUTPUT_CHECKS
 from tests.notebook_runner import NOTEBOOKS, run_notebook
 
-ALL = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+README = NOTEBOOKS.parent / "README.md"
+RUNTIME_S = {f"{stem}.ipynb": int(s) for stem, s in
+             re.findall(r"^\| `(\d\d_\w+)` \|.*\| (\d+) s \|$", README.read_text(), re.M)}
+"""README's notebook table: each notebook's default-size runtime in seconds, measured."""
+ALL = sorted((p.name for p in NOTEBOOKS.glob("*.ipynb")), key=lambda name: -RUNTIME_S.get(name, 0))
+"""Longest first, so that the longest notebook runs start first under pytest-xdist."""
 
 
 @pytest.mark.notebook
@@ -65,3 +71,13 @@ def test_notebook_cells_have_unique_ids(name):
     cells = json.loads((NOTEBOOKS / name).read_text())["cells"]  # as stored: nbformat.read adds ids
     ids = [c.get("id") for c in cells]
     assert None not in ids and len(set(ids)) == len(ids), f"{name}: cells without an id or with repeated ids"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_first_cell_says_how_long_it_takes_and_how_to_change_it(name):
+    """The first cell quotes README's measured default-size time (one number, two places, checked)
+    and says how to change the size (issue 29: a workshop budget, visible)."""
+    first = "".join(json.loads((NOTEBOOKS / name).read_text())["cells"][0]["source"])
+    assert name in RUNTIME_S, f"README's notebook table has no default-size time for {name}"
+    assert f"**Runtime.** About {RUNTIME_S[name]} s at the default size" in first, first[-400:]
+    assert "`MLAB_NOTEBOOK_SMALL=1`" in first or "no size switch" in first

@@ -76,7 +76,7 @@ def _free_port() -> int:
 def saved_notebook(tmp_path, moe):
     """A notebook run headless and saved, as an attendee's would be: a model loaded with
     ``progress=False`` (transformers draws a "Loading weights" widget bar otherwise), a table, a figure."""
-    cells = ["from minirl.quiet import quiet\nimport transformers\n"
+    cells = ["%matplotlib inline\nfrom minirl.quiet import quiet\nimport transformers\n"
              f"with quiet(progress=False):\n    model = transformers.AutoModelForCausalLM.from_pretrained({str(moe)!r})\n"
              "type(model).__name__",
              "import pandas as pd\npd.DataFrame({'site': ['embed', 'logits'], 'rel_l2': [1e-3, 2e-2]})",
@@ -124,6 +124,8 @@ def test_saved_notebook_renders_in_jupyterlab_without_broken_widgets(browser, ju
         time.sleep(1)
     browser.save_screenshot(str(tmp_path / "jupyterlab.png"))
     assert "logits" in text, "the notebook's outputs never rendered in JupyterLab"
+    assert browser.execute_script("return document.querySelectorAll('.jp-OutputArea img').length") == 1, \
+        "the saved figure is not drawn as an image"
     assert "model not found" not in text and "Error displaying widget" not in text
     overflow = browser.execute_script(
         "return [...document.querySelectorAll('.jp-OutputArea-output')].filter(o => o.scrollWidth > o.clientWidth + 1).length")
