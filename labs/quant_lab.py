@@ -37,6 +37,7 @@ from labs.routing_lab import layer_flips
 from minirl import Engine, Knobs, SamplingParams
 from minirl.algorithms import corrections
 from minirl.engine.quantize import FORMATS
+from minirl.quiet import quiet
 from minirl.training.trainer import pack
 from minirl.training.trainer_forward import forward
 
@@ -53,7 +54,8 @@ def measure(model: str = "tiny-qwen3-moe", formats: tuple[str, ...] = FORMATS, p
     masks (rho outside [0.5, 5]) and TIS caps (rho > 2), and for MoE models the share of
     (position, layer) pairs whose top-k expert set differs from the trainer's."""
     path = zoo.build(model)
-    trainer = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with quiet(progress):  # progress=False: no "Loading weights" bar either
+        trainer = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     batch = prepare_tokens(path, prompts * prompt_tokens, n_seqs=prompts).tolist()  # [prompts, prompt_tokens]
     rows = []
     for fmt in tqdm(formats, desc=f"quantized rollouts, {model}", unit="format", disable=not progress):

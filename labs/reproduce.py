@@ -28,6 +28,8 @@ import xarray as xr
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
+from minirl.quiet import quiet
+
 OUT = Path("runs/reproduce")
 
 
@@ -69,7 +71,8 @@ def run_one(rep: Reproduction, out: Path = OUT, small: bool = False) -> dict:
     folder = out / rep.name
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    outcome = rep.run(small)
+    with quiet(progress=False):  # the entries call labs quietly; this also stops the loader bars
+        outcome = rep.run(small)  # those calls cause (transformers' "Loading weights", vLLM's shards)
     wall = time.perf_counter() - t0
     for key, ds in outcome.datasets.items():
         ds.to_netcdf(folder / f"{key}.nc", engine="h5netcdf")

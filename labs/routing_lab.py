@@ -27,6 +27,7 @@ from aligntools.analyzer.routing_diff import topk_rows
 from aligntools.gates.inputs import prepare_tokens
 from labs import zoo
 from minirl import Engine, Knobs, SamplingParams
+from minirl.quiet import quiet
 from minirl.training.trainer_forward import forward, trainer_logprobs
 
 PAPER_REDUCTION = 10.0  # CompassMax §2.4.4: R3 makes the train-inference logprob gap ~10x smaller
@@ -161,7 +162,8 @@ def depth_comparison(models: tuple[str, ...] = (MODEL, "tiny-moe-deep"), weights
     for model, fmt in tqdm(runs, desc="R3 by depth", unit="run", disable=not progress):
         path = zoo.build(model)
         engine = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.typical_inference().replace(weights=fmt))
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        with quiet(progress):  # progress=False: no "Loading weights" bar either
+            hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         res = replay_gap(engine, hf, prompts=prompts, n=n, max_new_tokens=max_new_tokens, seed=seed)
         s, rollout = res.summary, "bf16" if fmt == "none" else f"bf16+{fmt}"
         rows.append({"model": model, "rollout": rollout, "layers": engine.n_layers,

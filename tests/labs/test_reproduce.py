@@ -65,3 +65,23 @@ def test_real_model_rl_config_is_icepop_on_vllm_with_a_held_out_curve():
     cfg = TrainConfig.from_yaml(reproduce.REAL_MODEL_CONFIG)
     assert (cfg.task, cfg.engine, cfg.correction, cfg.sft_steps) == ("chat_arithmetic", "vllm", "icepop", 0)
     assert cfg.eval_every and cfg.n_eval >= 64  # a held-out curve, on enough problems to see 15 points
+
+
+def test_an_entry_that_loads_a_model_draws_no_loader_bar(tmp_path, monkeypatch, zoo, capfd):
+    """``make reproduce`` printed transformers' "Loading weights" bar for every model an entry loaded,
+    though every entry calls its lab with ``progress=False``."""
+    import transformers
+
+    path = zoo("tiny-llama")
+
+    def loads(small: bool) -> reproduce.Outcome:
+        transformers.AutoModelForCausalLM.from_pretrained(path)
+        return reproduce.Outcome("loaded")
+
+    monkeypatch.setitem(reproduce.REGISTRY, "loads", reproduce.Reproduction("loads", "f", "Paper §1", loads))
+    capfd.readouterr()
+    reproduce.run_one(reproduce.REGISTRY["loads"], tmp_path)
+    out = capfd.readouterr()
+    assert "Loading weights" not in out.err + out.out
+    transformers.AutoModelForCausalLM.from_pretrained(path)  # outside the runner the bar is back
+    assert "Loading weights" in capfd.readouterr().err
