@@ -5,9 +5,9 @@ same weights, same AdamW state.
 
 The tied-embedding toy in ``test_runs.py`` covers the in-process Ctrl-C path; this one covers what
 only a real checkpoint of a real model can break (a 135M-parameter save interrupted by nothing
-but the OS, a chat-template tokenizer, the RNG state of a fresh process). The rollout engine is
-minirl's bf16 one, not vLLM: vLLM's CPU backend holds ~12 GB per process, and this box runs the
-vLLM learning run beside the tests.
+but the OS, a chat-template tokenizer, the RNG state of a fresh process). Once with minirl's bf16
+engine and once with real vLLM rollouts (vLLM's CPU backend holds ~10 GB per process: one
+``mlab train`` runs at a time).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ STEPS = 2  # killed after step 1's checkpoint, the resume trains (and evaluates)
 # 1-digit sums (SmolLM2 ~73 % right) and 16 tokens ("The answer is 12." fits): groups with mixed rewards,
 # so the steps really move the weights (2-digit sums in 8 tokens gave all-wrong groups and zero gradients)
 CONFIG = dict(task="chat_arithmetic", task_kwargs={"digits": 1, "second_digits": 1}, sft_steps=0, n_train=16,
-              n_eval=4, engine="minirl:typical", engine_dtype="bfloat16", prompts_per_step=2, group_size=4,
+              n_eval=4, engine_dtype="bfloat16", prompts_per_step=2, group_size=4,
               max_new_tokens=16, temperature=1.0, correction="icepop", lr=1e-5, minibatches=1, steps=STEPS,
               eval_every=1, checkpoint_every=1, progress=False)
 
@@ -64,10 +64,10 @@ def _finish(proc: subprocess.Popen) -> None:
     assert proc.returncode == 0, out
 
 
-def _write(tmp_path: Path, name: str, model: Path) -> tuple[Path, Path]:
+def _write(tmp_path: Path, name: str, model: Path, engine: str) -> tuple[Path, Path]:
     out = tmp_path / name
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({**CONFIG, "model": str(model), "out_dir": str(out)}))
+    path.write_text(yaml.safe_dump({**CONFIG, "engine": engine, "model": str(model), "out_dir": str(out)}))
     return path, out
 
 
@@ -85,11 +85,14 @@ def _rows(out: Path) -> dict[str, np.ndarray]:
     return {k: log[k].values for k in log.data_vars if not k.startswith("time_")} | {"step": log["step"].values}
 
 
-@pytest.mark.timeout(3600)  # 3 processes x (load 135M + 2 steps + 2 evaluations); ~15 min each under load 40
-def test_smollm2_run_killed_with_sigkill_resumes_bit_exactly(zoo, tmp_path, mlab_train):
+@pytest.mark.timeout(3600)  # 3 processes x (load 135M + 2 steps + 2 evaluations): 3 min 12 s for vllm on a quiet box
+@pytest.mark.parametrize("engine", ["minirl:typical", "vllm"])
+def test_smollm2_run_killed_with_sigkill_resumes_bit_exactly(zoo, tmp_path, mlab_train, engine):
+    if engine == "vllm":
+        pytest.importorskip("vllm", reason="real vLLM's CPU build is part of the Linux x86-64 setup")
     model = zoo("smollm2-135m")
-    full_cfg, full_out = _write(tmp_path, "full", model)
-    part_cfg, part_out = _write(tmp_path, "part", model)
+    full_cfg, full_out = _write(tmp_path, "full", model, engine)
+    part_cfg, part_out = _write(tmp_path, "part", model, engine)
     _finish(mlab_train(full_cfg))
 
     proc = mlab_train(part_cfg)
