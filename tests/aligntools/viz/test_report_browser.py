@@ -91,7 +91,7 @@ def saved_notebook(tmp_path, moe):
 
 
 @pytest.fixture
-def jupyterlab(saved_notebook):
+def jupyterlab(saved_notebook, browser):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
                              "--allow-root", "--ServerApp.token=", "--ServerApp.password=",
@@ -107,7 +107,8 @@ def jupyterlab(saved_notebook):
         proc.kill()
         pytest.fail("JupyterLab did not open its port within 60 s")
     yield f"http://127.0.0.1:{port}/lab/tree/{saved_notebook.name}"
-    proc.terminate()  # the server shuts down the kernel the page started; on a busy box that can outlast 20 s
+    browser.get("about:blank")  # close the page's kernel websockets first: the server waits on open ones
+    proc.terminate()
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:

@@ -36,38 +36,35 @@ def cluster():
     ray.shutdown()
 
 
-# 50-80 s on 2 cores (two Ray runs, an actor restart and a resume). The resumed step runs on one
-# rollout actor, so this is also the check that one Ray actor computes what ``sync`` does (a separate
-# test of that alone cost ~25 s more of actor start-up in every `make test`).
+# 50-80 s on 2 cores (two Ray runs, an actor restart and a resume). The first run also dispatches
+# longest first, and the resumed step runs on one rollout actor, so this is also the check that
+# length-aware dispatch and one Ray actor compute what ``sync`` does (separate tests of those cost
+# ~25-35 s more of actor start-up each in every `make test`).
 def test_killed_rollout_actor_loses_nothing_then_resume_on_one_actor_reproduces_the_run(make_cfg, sync_rows):
-    cfg = make_cfg(steps=1, checkpoint_every=1, mode="ray", max_staleness=0, rollout_actors=2, cpus_per_actor=0.5)
-    killed = []
+    """Length-aware dispatch (CompassMax §3.1.1) over 2 rollout actors, one of them killed mid-step:
+    drafts order the prompts longest first and every sample keeps its seed and index, so who
+    generates a sample changes and what it generates does not; the killed actor's samples are
+    dispatched again, every other sample once."""
+    cfg = make_cfg(steps=1, checkpoint_every=1, mode="ray", max_staleness=0, rollout_actors=2, cpus_per_actor=0.5,
+                   dispatch="longest_first", draft_tokens=4)
+    killed, order = [], []
 
     def kill_first(actor, indices):
+        order.extend(indices)
         if not killed:
-            killed.append(indices)
-            ray.kill(actor)  # mid-step: it holds a sample it will never return
+            killed.extend(indices)
+            ray.kill(actor)  # mid-step: it holds samples it will never return
 
     first = run(cfg, on_dispatch=kill_first)
     stats = first.queue_stats
     assert killed and stats["given_back"] == 1 and first.rows[0]["actor_restarts"] == 1
     assert stats["admitted"] == stats["retired"] == cfg.prompts_per_step and not stats["timed_out"]
+    assert sorted(order) == sorted(list(range(cfg.prompts_per_step)) + killed)  # the lost ones twice, the rest once
     same_metrics(sync_rows[:1], first.rows)  # regenerated group == lost group: each sample once
 
     resumed = run(dataclasses.replace(cfg, steps=2, rollout_actors=1, cpus_per_actor=1.0), resume=True)
     same_metrics(sync_rows, resumed.rows)
     assert {"rollout0", "reward", "train", "sync"} <= set(resumed.timeline.busy_idle())
-
-
-def test_longest_first_dispatch_changes_who_generates_not_what(make_cfg, sync_rows):
-    """Length-aware dispatch (CompassMax §3.1.1) over 2 rollout actors: drafts order the
-    prompts longest first; every sample keeps its seed and index, so the metrics equal sync's."""
-    order = []
-    cfg = make_cfg(steps=1, mode="ray", max_staleness=0, rollout_actors=2, cpus_per_actor=0.5,
-                   dispatch="longest_first", draft_tokens=4)
-    result = run(cfg, on_dispatch=lambda actor, indices: order.extend(indices))
-    same_metrics(sync_rows[:1], result.rows)
-    assert sorted(order) == list(range(len(order)))  # each sample dispatched once (no faults here)
 
 
 def test_ray_queue_writes_once_reads_once_and_hands_out_refs():
