@@ -11,15 +11,20 @@ import importlib
 import os
 import sys
 
-SUBCOMMAND_MODULES = ["labs.cli_zoo", "aligntools.cli.capture", "aligntools.cli.diff", "aligntools.cli.check", "minirl.training.cli_train",
-                      "minirl.training.plot"]
+SUBCOMMANDS = {"zoo": "labs.cli_zoo", "capture": "aligntools.cli.capture", "diff": "aligntools.cli.diff",
+               "check": "aligntools.cli.check", "train": "minirl.training.cli_train", "plot": "minirl.training.plot"}
+"""Subcommand -> the module that registers it. Only the command being run is imported (``mlab zoo
+list`` should not wait for every other command's torch/transformers imports); ``mlab --help`` and
+an unknown command import all of them, so the usage lists every command."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``mlab`` parser, with only ``argv``'s subcommand registered when it names one."""
     parser = argparse.ArgumentParser(prog="mlab", description="Mismatch Lab: train-inference alignment tools.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    command = (sys.argv[1:] if argv is None else argv)[:1]
+    for name in command if command and command[0] in SUBCOMMANDS else SUBCOMMANDS:
+        importlib.import_module(SUBCOMMANDS[name]).register(sub)
     return parser
 
 
@@ -30,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     the gates' and CLI's usage errors, OSError incl. a full disk) as their message, anything
     else with its type and a pointer to ``MLAB_DEBUG=1``, which re-raises for the traceback.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ValueError, OSError) as e:

@@ -1,11 +1,14 @@
-"""``mlab zoo list`` / ``mlab zoo build NAME [--out DIR] [--seed N]``."""
+"""``mlab zoo list`` / ``mlab zoo build NAME [--out DIR] [--seed N]``.
+
+``list`` reads only the recipe table, so it answers without importing torch; ``build`` imports
+the builder when it runs."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from labs import zoo
+from labs.zoo_specs import SPECS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,18 +25,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    for name, spec in zoo.SPECS.items():
+    for name, spec in SPECS.items():
         print(f"{name:18s} {spec.config_class:20s} {spec.description}")
     return 0
 
 
 def _build(args: argparse.Namespace) -> int:
+    from labs import zoo
+
     path = zoo.build(args.name, out=args.out, seed=args.seed, force=args.force)
     meta = json.loads((path / "zoo.json").read_text())
     # Trained models report their last loss; converted ones (GGUF) were never trained here.
     origin = (f"train loss {meta['final_train_loss']:.3f}" if "final_train_loss" in meta
               else f"converted from {meta['source']}")
     # The recipe's description: zoo.json keeps the text of its build, and rewording it does not rebuild.
-    print(f"{path}\n  {zoo.SPECS[args.name].description}; {meta['n_params']:,} params; {origin}; "
+    print(f"{path}\n  {SPECS[args.name].description}; {meta['n_params']:,} params; {origin}; "
           f"sha256 {zoo.weights_hash(path)[:16]}")
     return 0

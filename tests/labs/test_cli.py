@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from labs.cli import main
+import pytest
+
+from labs.cli import SUBCOMMANDS, build_parser, main
 
 
 def test_zoo_list_prints_every_model(capsys):
@@ -27,6 +29,25 @@ def test_unknown_zoo_name_is_usage_error(capsys):
     assert "valid names" in capsys.readouterr().err
 
 
-def test_console_script_is_installed():
-    r = subprocess.run([sys.executable, "-m", "labs.cli", "zoo", "list"], capture_output=True, text=True)
-    assert r.returncode == 0 and "tiny-mixtral" in r.stdout
+def test_console_script_is_installed_and_zoo_list_does_not_wait_for_torch():
+    code = ("import sys; from labs.cli import main; rc = main(['zoo', 'list']); "
+            "print('heavy:', sorted(m for m in ('torch', 'transformers') if m in sys.modules)); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and "tiny-mixtral" in r.stdout and "smollm2-135m" in r.stdout, r.stderr
+    assert "heavy: []" in r.stdout
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_each_command_is_registered_by_the_module_it_is_mapped_to(command):
+    """Only the named command's module is imported, so the table must name the right one."""
+    parser = build_parser([command])
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert list(sub.choices) == [command]
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert all(command in out for command in SUBCOMMANDS)
