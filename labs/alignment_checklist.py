@@ -31,6 +31,7 @@ import aligntools
 from aligntools import attribute
 from aligntools.gates.inputs import follow_attention, load_hf, prepare_tokens
 from minirl import Engine, Knobs, SamplingParams
+from minirl.quiet import quiet_when_asked
 
 
 @dataclass
@@ -50,6 +51,7 @@ MODULE_OF_KNOB = {  # Ring-linear §5.2.1 paragraph each knob belongs to
 }
 
 
+@quiet_when_asked
 def knob_checklist(model_path: str | os.PathLike, dtype: str = "bfloat16", train: str = "hf",
                    tokens: int = 256, target: Knobs | None = None, progress: bool = True) -> Checklist:
     """Each knob of ``Knobs.typical_inference()`` set alone to ``target`` (default ``Knobs.aligned()``),

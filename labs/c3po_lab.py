@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from labs import zoo
 from minirl import Engine, SamplingParams
 from minirl.algorithms.c3po import C3poConfig, C3poScheduler
+from minirl.quiet import quiet_when_asked
 
 PAPER_SPEEDUP = 2.5  # Ring-1T §2.4.2, Fig. 7: rollout-phase time per step, baseline / C3PO++
 
@@ -109,6 +110,7 @@ class C3poComparison:
         return fig
 
 
+@quiet_when_asked
 def compare(model: str = "tiny-qwen3", steps: int = 4, batch: int = 16, max_new_tokens: int = 256,
             chunk: int = 32, sigma: int = 2, seed: int = 0, progress: bool = True) -> C3poComparison:
     """Synchronous steps, then C3PO++ steps (pool Ω = ``batch``, Φ = the baseline's mean trained
@@ -198,6 +200,7 @@ class C3poTraining:
         return fig
 
 
+@quiet_when_asked
 def compare_training(steps: int = 8, prompts_per_step: int = 8, group_size: int = 4, max_new_tokens: int = 64,
                      max_length: int = 24, p: float = 0.15, sigma: int = 2, chunk: int = 8, seed: int = 0,
                      engine: str = "minirl:typical", lr: float = 3e-4, progress: bool = True,

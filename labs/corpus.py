@@ -9,6 +9,7 @@ Training on it briefly gives the zoo models peaked, realistic next-token distrib
 from __future__ import annotations
 
 import random
+
 from aligntools.gates.inputs import corpus_text
 
 

@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 def real_vllm(path: Path, tokens: int) -> list[str]:
     """The gate on real vLLM and its fingerprint (which minirl knobs reproduce it, where the rest
     of the gap starts); one line saying why when vLLM cannot run here."""
-    from minirl.vllm.llm import create_llm, unavailable_reason
     from aligntools.gates.inputs import prepare_tokens
+    from minirl.vllm.llm import create_llm, unavailable_reason
 
     reason = unavailable_reason()
     if reason:

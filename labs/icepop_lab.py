@@ -29,6 +29,7 @@ import minirl
 from labs import zoo
 from minirl import Rollout, SamplingParams, tasks
 from minirl.algorithms import corrections
+from minirl.quiet import quiet_when_asked
 from minirl.training.rollout_engine import RolloutEngine, make_engine
 from minirl.training.sft import encode, warm_start
 from minirl.training.trainer import pack, resolve_model
@@ -59,6 +60,7 @@ class NoisyEngine:
         self.inner.load_weights(sd)
 
 
+@quiet_when_asked
 def train_arms(steps: int = 20, prompts_per_step: int = 8, group_size: int = 8, max_new_tokens: int = 8,
                sft_steps: int = 100, engine: str = "minirl:typical", engine_dtype: str = "bfloat16",
                weight_noise: float = 0.15, model: str = "tiny-qwen3-moe", seed: int = 0, lr: float = 1e-3,

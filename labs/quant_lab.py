@@ -30,14 +30,13 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 import minirl
-
 from aligntools.gates.inputs import prepare_tokens
 from labs import narrate, zoo
 from labs.routing_lab import layer_flips
 from minirl import Engine, Knobs, SamplingParams
 from minirl.algorithms import corrections
 from minirl.engine.quantize import FORMATS
-from minirl.quiet import quiet
+from minirl.quiet import quiet_when_asked
 from minirl.training.trainer import pack
 from minirl.training.trainer_forward import forward
 
@@ -46,6 +45,7 @@ ARMS = {"GRPO": "none", "TIS": "tis", "IcePop": "icepop", "MIS": "mis"}  # arm l
 COLORS = {"GRPO": "#c0392b", "TIS": "#f39c12", "IcePop": "#2c7fb8", "MIS": "#27ae60"}
 
 
+@quiet_when_asked
 def measure(model: str = "tiny-qwen3-moe", formats: tuple[str, ...] = FORMATS, prompts: int = 8, n: int = 4,
             prompt_tokens: int = 16, max_new_tokens: int = 32, engine_dtype: str = "bfloat16", seed: int = 0,
             progress: bool = True) -> pd.DataFrame:
@@ -54,8 +54,7 @@ def measure(model: str = "tiny-qwen3-moe", formats: tuple[str, ...] = FORMATS, p
     masks (rho outside [0.5, 5]) and TIS caps (rho > 2), and for MoE models the share of
     (position, layer) pairs whose top-k expert set differs from the trainer's."""
     path = zoo.build(model)
-    with quiet(progress):  # progress=False: no "Loading weights" bar either
-        trainer = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    trainer = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     batch = prepare_tokens(path, prompts * prompt_tokens, n_seqs=prompts).tolist()  # [prompts, prompt_tokens]
     rows = []
     for fmt in tqdm(formats, desc=f"quantized rollouts, {model}", unit="format", disable=not progress):
@@ -77,6 +76,7 @@ def measure(model: str = "tiny-qwen3-moe", formats: tuple[str, ...] = FORMATS, p
     return table
 
 
+@quiet_when_asked
 def train_arms(formats: tuple[str, ...] = ("fp8_e4m3", "int4"), steps: int = 30, prompts_per_step: int = 8,
                group_size: int = 8, max_new_tokens: int = 8, sft_steps: int = 100, n_eval: int = 32,
                eval_every: int = 5, model: str = "tiny-qwen3-moe", seed: int = 0, lr: float = 1e-3,

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from minirl import SamplingParams
 from minirl.algorithms.roc import roc_select
 from minirl.engine.rollout import Rollout
+from minirl.quiet import quiet_when_asked
 from minirl.sandbox.runner import ToolResult, run_python
 from minirl.tasks import Problem
 from minirl.tasks.python_tool import reward, sample_problems
@@ -161,6 +162,7 @@ class RocRun:
     figure: Figure
 
 
+@quiet_when_asked
 def train(steps: int = 30, prompts_per_step: int = 8, group_size: int = 8, lr: float = 2.0, seed: int = 0,
           progress: bool = True) -> RocRun:
     """GRPO (G rollouts per prompt) vs GRPO-RoC (2G sampled, ``roc_select`` keeps G), same seeds."""

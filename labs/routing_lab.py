@@ -27,7 +27,7 @@ from aligntools.analyzer.routing_diff import topk_rows
 from aligntools.gates.inputs import prepare_tokens
 from labs import zoo
 from minirl import Engine, Knobs, SamplingParams
-from minirl.quiet import quiet
+from minirl.quiet import quiet_when_asked
 from minirl.training.trainer_forward import forward, trainer_logprobs
 
 PAPER_REDUCTION = 10.0  # CompassMax §2.4.4: R3 makes the train-inference logprob gap ~10x smaller
@@ -148,6 +148,7 @@ def layer_flips(trainer: list[torch.Tensor], engine: list[torch.Tensor], layers:
     return pd.Series(flipped.double().mean(0).numpy(), index=pd.Index(layers, name="layer"), name="flip_rate")
 
 
+@quiet_when_asked
 def depth_comparison(models: tuple[str, ...] = (MODEL, "tiny-moe-deep"), weights: tuple[str, ...] = ("none", "fp8_e4m3"),
                      prompts: int = 16, n: int = 4, max_new_tokens: int = 64, seed: int = 0,
                      progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -162,8 +163,7 @@ def depth_comparison(models: tuple[str, ...] = (MODEL, "tiny-moe-deep"), weights
     for model, fmt in tqdm(runs, desc="R3 by depth", unit="run", disable=not progress):
         path = zoo.build(model)
         engine = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.typical_inference().replace(weights=fmt))
-        with quiet(progress):  # progress=False: no "Loading weights" bar either
-            hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         res = replay_gap(engine, hf, prompts=prompts, n=n, max_new_tokens=max_new_tokens, seed=seed)
         s, rollout = res.summary, "bf16" if fmt == "none" else f"bf16+{fmt}"
         rows.append({"model": model, "rollout": rollout, "layers": engine.n_layers,

@@ -26,7 +26,7 @@ from aligntools.gates.inputs import corpus_text
 from labs.corpus import training_texts
 from labs.tokenizer import build_tokenizer
 from labs.zoo_specs import SPECS, ZooSpec
-from minirl.quiet import quiet
+from minirl.quiet import quiet_when_asked
 
 ZOO_FORMAT = 1  # bump when the build recipe changes, so caches rebuild
 
@@ -41,6 +41,7 @@ def default_root() -> Path:
     return Path(os.environ.get("MLAB_ZOO_DIR", Path.home() / ".cache" / "mismatch-lab" / "zoo"))
 
 
+@quiet_when_asked
 def build(name: str, out: str | os.PathLike | None = None, seed: int = 0, force: bool = False,
           progress: bool = True) -> Path:
     """Build (or reuse) zoo model ``name`` and return its checkpoint directory.
@@ -82,7 +83,7 @@ def _build_locked(target: Path, name: str, spec: ZooSpec, seed: int, fingerprint
     half-written checkpoint behind."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        with quiet(progress), torch.inference_mode(False), torch.enable_grad():
+        with torch.inference_mode(False), torch.enable_grad():
             _build_into(tmp, name, spec, seed, fingerprint, progress)
         _replace_dir(tmp, target)
     finally:

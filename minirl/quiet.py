@@ -13,10 +13,13 @@ filter: anything not listed still shows.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
 
 HARMLESS_LOGS: dict[str, tuple[str, ...]] = {
     # vLLM weight sync (``sync_weights``): layers without checkpoint weights (RotaryEmbedding's
@@ -89,3 +92,23 @@ def quiet(progress: bool) -> Iterator[None]:
         _progress_enabled.pop()
         if was_enabled:
             hf_logging.enable_progress_bar()
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def quiet_when_asked(fn: Callable[P, R]) -> Callable[P, R]:
+    """Decorator for a function with a ``progress`` parameter: the whole call runs inside
+    ``quiet(progress)``, so ``progress=False`` silences the bars of every loader it reaches, not only
+    the function's own tqdm (a lab that loads three models drew three "Loading weights" bars)."""
+    signature = inspect.signature(fn)
+    default = signature.parameters["progress"].default  # KeyError at import: decorating the wrong function
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        progress = signature.bind_partial(*args, **kwargs).arguments.get("progress", default)
+        with quiet(bool(progress)):
+            return fn(*args, **kwargs)
+
+    return call

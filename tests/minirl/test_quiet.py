@@ -7,7 +7,14 @@ import warnings
 
 from transformers.utils import logging as hf_logging
 
-from minirl.quiet import HARMLESS_LOGS, install_filters, progress_enabled, quiet
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import labs
+from minirl.quiet import HARMLESS_LOGS, install_filters, progress_enabled, quiet, quiet_when_asked
 
 
 def test_quiet_false_disables_and_restores_transformers_bars():
@@ -51,3 +58,38 @@ def test_only_the_named_future_warning_is_ignored():
         warnings.warn("`torch.distributed.reduce_op` is deprecated, use ReduceOp", FutureWarning)
         warnings.warn("another deprecation", FutureWarning)
     assert [str(w.message) for w in caught] == ["another deprecation"]
+
+
+@quiet_when_asked
+def _loads(path, progress: bool = True) -> bool:
+    """What a lab does: loads a checkpoint with transformers, reports whether its bar would draw."""
+    import transformers
+
+    transformers.AutoConfig.from_pretrained(path)
+    return hf_logging.is_progress_bar_enabled()
+
+
+@pytest.mark.parametrize(("args", "kwargs", "bars"), [((), {"progress": False}, False), ((False,), {}, False),
+                                                       ((), {}, True), ((), {"progress": True}, True)])
+def test_a_call_with_progress_false_runs_without_loader_bars(zoo, args, kwargs, bars):
+    hf_logging.enable_progress_bar()
+    assert _loads(zoo("tiny-llama"), *args, **kwargs) is bars
+    assert hf_logging.is_progress_bar_enabled()  # restored after the call
+
+
+def test_decorating_a_function_without_progress_fails_at_import():
+    with pytest.raises(KeyError, match="progress"):
+        quiet_when_asked(lambda path: path)
+
+
+def test_every_lab_with_a_progress_switch_silences_loader_bars_with_it():
+    """A lab function taking ``progress`` is called as ``progress=False`` by notebooks, scripts and
+    ``make reproduce``; undecorated, the models it loads draw their bars anyway."""
+    missing = []
+    for info in pkgutil.iter_modules(labs.__path__):
+        module = importlib.import_module(f"labs.{info.name}")
+        for name, fn in inspect.getmembers(module, inspect.isfunction):
+            if fn.__module__ == module.__name__ and not name.startswith("_") and \
+                    "progress" in inspect.signature(fn).parameters and not hasattr(fn, "__wrapped__"):
+                missing.append(f"labs.{info.name}.{name}")
+    assert not missing, f"add @quiet_when_asked to {missing}"
