@@ -5,23 +5,69 @@ run modes (``minirl.scale_out``). Subpackages group them by concept (engine, vll
 tasks, sandbox, training, scale_out; docs/architecture.md); modules are public by their own names
 (``minirl.sandbox.run_python``, ``minirl.algorithms.roc.roc_select``, ...); the names below are the
 front door.
+
+The front door opens on first use (PEP 562): a process that needs one torch-free module, such as
+a Ray actor of the transfer queue, does not pay the ~4 s of importing torch and transformers.
 """
 
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
 import sys
+from typing import TYPE_CHECKING
 
-from minirl.algorithms import advantages, corrections, espo, losses
-from minirl.engine import Engine, Knobs, SamplingParams
-from minirl.engine.checkpoint import read_config, read_safetensors
-from minirl.engine.spec import EngineSpec
-from minirl.engine.rollout import Rollout
-from minirl.training.train_config import TrainConfig
-from minirl.training.driver import train
-from minirl.training.trainer_forward import trainer_logprobs
+_EXPORTS = {"Engine": "minirl.engine", "Knobs": "minirl.engine", "SamplingParams": "minirl.engine",
+            "EngineSpec": "minirl.engine.spec", "Rollout": "minirl.engine.rollout",
+            "read_config": "minirl.engine.checkpoint", "read_safetensors": "minirl.engine.checkpoint",
+            "TrainConfig": "minirl.training.train_config", "train": "minirl.training.driver",
+            "trainer_logprobs": "minirl.training.trainer_forward"}
+_OLD_PATHS = ("advantages", "corrections", "espo", "losses")
+"""Module paths earlier releases documented as public (``minirl.corrections.icepop``,
+``minirl.losses.gspo_loss``, ...): the modules live in ``minirl.algorithms``; these names keep
+user imports working."""
 
-# Module paths earlier releases documented as public (``minirl.corrections.icepop``,
-# ``minirl.losses.gspo_loss``, ``minirl.espo.espo_loss``, ``minirl.advantages.grpo_advantages``):
-# the modules live in ``minirl.algorithms``; these names keep user imports working.
-sys.modules.update({f"minirl.{m.__name__.rsplit('.', 1)[1]}": m for m in (advantages, corrections, espo, losses)})
+__all__ = sorted(_EXPORTS)
 
-__all__ = ["Engine", "EngineSpec", "Knobs", "Rollout", "SamplingParams", "TrainConfig", "read_config", "read_safetensors",
-           "train", "trainer_logprobs"]
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _OLD_PATHS:
+        value = importlib.import_module(f"minirl.algorithms.{name}")
+    else:
+        raise AttributeError(f"module 'minirl' has no attribute {name!r}")
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS, *_OLD_PATHS})
+
+
+class _OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import minirl.corrections`` (and the other old paths) gives the module in ``minirl.algorithms``."""
+
+    def find_spec(self, fullname, path, target=None):
+        package, _, name = fullname.rpartition(".")
+        return importlib.util.spec_from_loader(fullname, self) if package == __name__ and name in _OLD_PATHS else None
+
+    def create_module(self, spec):
+        return importlib.import_module(f"minirl.algorithms.{spec.name.rpartition('.')[2]}")
+
+    def exec_module(self, module) -> None:
+        """Nothing to run: ``create_module`` returned the imported module itself."""
+
+
+sys.meta_path.append(_OldPathFinder())
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from minirl.algorithms import advantages, corrections, espo, losses
+    from minirl.engine import Engine, Knobs, SamplingParams
+    from minirl.engine.checkpoint import read_config, read_safetensors
+    from minirl.engine.rollout import Rollout
+    from minirl.engine.spec import EngineSpec
+    from minirl.training.driver import train
+    from minirl.training.train_config import TrainConfig
+    from minirl.training.trainer_forward import trainer_logprobs
