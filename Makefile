@@ -34,7 +34,7 @@ debs:
 # resolving: torch and two halves of the list go in side by side (pip itself installs one package
 # at a time). No .pyc are compiled up front (that was half of the build): imports write the .pyc of
 # the modules a run really uses, which is why PYTHONDONTWRITEBYTECODE is not passed on below.
-# Measured in docs/measurements/2026-11-27-venv.md: about 3 min -> about 1 min.
+# Measured in docs/measurements/2026-11-27-make-test.md: about 3 min -> about 1 min.
 $(STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 	python3 -m venv .venv
 	{ $(PIP) "torch==2.13.0+cpu" || $(PIP) --index-url $(TORCH_INDEX) "torch==2.13.0+cpu"; } & \
