@@ -33,13 +33,13 @@ debs:
 # requirements*.txt pin the whole closure, so pip installs them with --no-deps and without
 # resolving: torch and two halves of the list go in side by side (pip itself installs one package
 # at a time). No .pyc are compiled up front (that was half of the build): imports write the .pyc of
-# the modules a run really uses, which is why PYTHONDONTWRITEBYTECODE is not passed on below.
+# the modules a run really uses, which is why PYTHONDONTWRITEBYTECODE is unexported at the top.
 # Measured in docs/measurements/2026-11-27-make-test.md: about 3 min -> about 1 min.
 $(STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 	python3 -m venv .venv
 	{ $(PIP) "torch==2.13.0+cpu" || $(PIP) --index-url $(TORCH_INDEX) "torch==2.13.0+cpu"; } & \
 	grep -hv '^#' requirements.txt $(if $(WITH_VLLM),requirements-vllm.txt) | grep . | \
-		xargs -P 2 -n 120 $(PIP); \
+		xargs -P 2 -n 100 $(PIP); \
 	rc=$$?; wait $$! && [ $$rc = 0 ]
 	$(PIP) --no-build-isolation -e .
 	touch $(STAMP)
