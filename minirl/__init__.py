@@ -35,7 +35,7 @@ def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     elif name in _OLD_PATHS:
-        value = importlib.import_module(f"minirl.algorithms.{name}")
+        value = importlib.import_module(f"{__name__}.{name}")  # through _OldPathFinder below
     else:
         raise AttributeError(f"module 'minirl' has no attribute {name!r}")
     globals()[name] = value  # the next lookup is a plain attribute
