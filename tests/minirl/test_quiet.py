@@ -80,4 +80,3 @@ def test_a_call_with_progress_false_runs_without_loader_bars(zoo, args, kwargs, 
 def test_decorating_a_function_without_progress_fails_at_import():
     with pytest.raises(KeyError, match="progress"):
         quiet_when_asked(lambda path: path)
-
