@@ -9,18 +9,21 @@ traceback) and ``"timeout"``. ``.text`` is what the model sees inside ``<tool_re
 Why these layers (model-written code is hostile until proven otherwise, rStar2-Agent §3):
 
 * the OS boundary of ``minirl.sandbox.boundary`` (bubblewrap: own mount/PID/network namespaces,
-  read-only system, only the temp dir writable, an unprivileged uid, ``no_new_privs``); where it
-  cannot run, tool code is refused unless ``MLAB_SANDBOX=audit-only`` opts into the weaker mode;
+  read-only system, only a size-capped tmpfs writable, a uid of its own, ``no_new_privs``, a
+  seccomp filter, a cgroup bounding the call's memory and processes); where it cannot run, tool
+  code is refused unless ``MLAB_SANDBOX=audit-only`` opts into the weaker mode;
 * a fresh ``python -I -S -u`` in its own temp dir with a minimal environment: stdlib only;
-* rlimits set before the code runs, hard = soft: address space and data = ``memory_mb``, CPU
-  seconds, file size ``MAX_FILE_BYTES``, open files, processes ``MAX_PROCESSES``;
+* rlimits set before the code runs, hard = soft: address space and data = ``memory_mb`` (so one
+  huge allocation is a ``MemoryError``, not an OOM kill), CPU seconds, file size
+  ``MAX_FILE_BYTES``, open files, processes ``MAX_PROCESSES``;
 * a ``sys.addaudithook`` hook refusing sockets, process creation, signals, rlimit changes and
   writes outside the temp dir. It is a second layer only (its tables are reachable from the code
   it guards, PEP 578): it turns the common mistakes into clear messages, the kernel does the rest.
 
 The parent reads at most ``CAPTURE_BYTES`` per stream (the rest is drained and counted), so an
-output flood costs neither memory nor a blocked child; it reads the result file without following
-links or blocking, and removes the temp dir whatever happened.
+output flood costs neither memory nor a blocked child. It reads nothing before every process of
+the call is gone, and no file the code could have touched: the code comes in on stdin, the
+displayed value goes out through a pipe.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from minirl.sandbox.boundary import check_sandbox, make_workdir, python_executable, read_result_file, remove_tree, wrap
+from minirl.sandbox.boundary import Call, check_sandbox, memfd, python_executable
 
 OUTCOMES = ("stdout", "no_stdout", "error", "timeout")
 MAX_RESPONSE_CHARS = 2048  # what the model sees; rStar2-Agent gives no number, 2 KiB ~ 600 tokens
@@ -92,20 +95,27 @@ def truncate(text: str, limit: int = MAX_RESPONSE_CHARS) -> str:
 
 
 def _run(code: str, timeout_s: float, memory_mb: int) -> tuple[str, str]:
-    tmp = make_workdir()
+    """The code comes in on stdin (a memfd) and the displayed value goes out through a pipe: the
+    parent opens no file the code could have swapped for a FIFO or a link."""
+    call = Call(memory_mb << 20, MAX_PROCESSES)
     try:
-        code_path, display_path = os.path.join(tmp, ".code.py"), os.path.join(tmp, ".display")
-        with open(code_path, "w") as f:
-            f.write(code)
-        os.chmod(code_path, 0o444)  # the sandbox uid reads it whatever the trainer's umask
+        source = memfd("tool-code", code.encode())
+        display_r, display_w = os.pipe()
         cpu_s = math.ceil(timeout_s) + 1  # backstop only: the wall clock below decides
         limits = (memory_mb << 20, cpu_s, MAX_FILE_BYTES, MAX_PROCESSES)
-        cmd = wrap([python_executable(), "-I", "-S", "-u", "-c", _BOOT, tmp, code_path, display_path,
-                    *map(str, limits)], tmp)
-        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LC_ALL": "C.UTF-8"}
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-        out, err = _Capped(proc.stdout), _Capped(proc.stderr)
+        cmd = call.command([python_executable(), "-I", "-S", "-u", "-c", _BOOT, call.workdir, str(display_w),
+                            *map(str, limits)])
+        env = {"PATH": "/usr/bin:/bin", "HOME": call.workdir, "TMPDIR": call.workdir, "LC_ALL": "C.UTF-8"}
+        try:
+            proc = subprocess.Popen(cmd, cwd=call.cwd, env=env, stdin=source, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, pass_fds=(display_w, *call.fds), start_new_session=True)
+        except BaseException:
+            os.close(display_r)
+            raise
+        finally:
+            os.close(source)
+            os.close(display_w)
+        out, err, shown = _Capped(proc.stdout), _Capped(proc.stderr), _Capped(open(display_r, "rb"))
         try:
             proc.wait(timeout=timeout_s)
             timed_out = False
@@ -113,7 +123,8 @@ def _run(code: str, timeout_s: float, memory_mb: int) -> tuple[str, str]:
             timed_out = True
         finally:
             _kill_group(proc)
-        out.join(), err.join()
+            call.close()  # every process of the call is gone: the pipes end, nothing writes any more
+        out.join(), err.join(), shown.join()
         stdout, stderr = out.text(), err.text()
         if timed_out:
             return "timeout", f"TimeoutError: execution exceeded {timeout_s:g} s" + (
@@ -123,12 +134,10 @@ def _run(code: str, timeout_s: float, memory_mb: int) -> tuple[str, str]:
             return "error", (stdout + ("\n" if stdout else "") + died + stderr).rstrip()
         if stdout:
             return "stdout", stdout
-        display, refused = read_result_file(display_path, CAPTURE_BYTES)
-        if display is None:
-            return "error", f"SandboxError: the result was not read: {refused}"
-        return "no_stdout", display or "(no output)"
+        return "no_stdout", shown.text() or "(no output)"
     finally:
-        remove_tree(tmp)
+        call.close()
+
 
 
 def _signal_name(returncode: int) -> str:
@@ -141,8 +150,8 @@ def _signal_name(returncode: int) -> str:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the run's session (the child is its leader), then reap it; with the PID namespace
-    its init dying takes every descendant along."""
+    """SIGKILL the run's session (the child is its leader), then reap it. Under bwrap the call's
+    cgroup is emptied after this (``Call.close``); audit-only has only the session."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -170,16 +179,16 @@ class _Capped(threading.Thread):
         return s + (f"\n... [{self.dropped} more bytes not captured]" if self.dropped else "")
 
 
-# Runs in the child as ``python -c``: argv = tmp, code path, display path, AS bytes, CPU s, FSIZE, NPROC.
+# Runs in the child as ``python -c``, the code on stdin: argv = workdir, display fd, AS bytes, CPU s, FSIZE, NPROC.
 _BOOT = r'''
 import ast, linecache, os, resource, sys, traceback
-tmp, code_path, display_path = os.path.realpath(sys.argv[1]), sys.argv[2], sys.argv[3]
-mem, cpu, fsize, nproc = (int(a) for a in sys.argv[4:8])
+tmp, display_fd = os.path.realpath(sys.argv[1]), int(sys.argv[2])
+mem, cpu, fsize, nproc = (int(a) for a in sys.argv[3:7])
 for lim, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_DATA, mem), (resource.RLIMIT_CPU, cpu),
                (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0),
                (resource.RLIMIT_NPROC, nproc)):
     resource.setrlimit(lim, (v, v))
-src = open(code_path).read()
+src = sys.stdin.buffer.read().decode()
 BLOCKED_MODULES = {"ctypes", "_ctypes", "_posixsubprocess", "_testcapi", "_testinternalcapi",
                    "_xxsubinterpreters", "_xxinterpchannels"}
 BLOCKED_EVENTS = {"os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
@@ -218,7 +227,7 @@ try:
     exec(compile(tree, "<tool_code>", "exec"), g)
     value = None if last is None else eval(compile(ast.Expression(last.value), "<tool_code>", "eval"), g)
     if value is not None:
-        with open(display_path, "w") as f:
+        with open(display_fd, "w") as f:
             f.write(repr(value))
 except SystemExit as e:
     if e.code not in (None, 0):
