@@ -131,6 +131,115 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     return ratios
 
 
+def device_overhead(model: torch.nn.Module, ids: torch.Tensor, repeats: int = 10) -> dict[str, object]:
+    """Tracker overhead of ``model`` on its own device (the GPU check's tracker stage calls this).
+
+    Times, interleaved repeat by repeat (each call waits for the device at its end): the plain
+    forward, ``aligntools.capture`` in stats and in tensor mode, and three floors hooked on the
+    role-mapped modules the Tracker reads: hooks keeping each output on the device
+    (``floor_keep``), hooks computing min/max/mean/l2 on the device with one copy of all of them
+    at the end (``floor_stats4``), and hooks copying each output to the host (``floor_cpu``).
+    Ratios are medians of the paired ratios (variant over the plain forward of the same repeat).
+    ``*_syncs``: host syncs inside one capture (torch's sync debug mode; None off CUDA);
+    ``*_d2h``: device-to-host copies (profiler, None off CUDA or where it is unavailable).
+    """
+    import aligntools
+    from aligntools.adapters.roles import find_roles
+
+    device = next(model.parameters()).device
+    ids_dev = ids.to(device)
+    roles = find_roles(model, getattr(model, "config", None))
+    modules = [m for m in (roles.embed, roles.final_norm, roles.lm_head) if m is not None]
+    for lr in roles.layers:
+        modules += [m for m in (lr.attn_norm, getattr(lr.attn, "v_proj", None), lr.attn, lr.mlp_norm, lr.mlp,
+                                lr.layer) if m is not None]
+
+    def wait() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(input_ids=ids_dev, use_cache=False)
+
+    def hooked(on_output, at_end=lambda: None):
+        def run() -> None:
+            handles = [m.register_forward_hook(lambda m, a, out: on_output(out[0] if isinstance(out, tuple) else out))
+                       for m in modules]
+            try:
+                forward()
+                at_end()
+            finally:
+                for h in handles:
+                    h.remove()
+        return run
+
+    kept: list = []
+    stats4: list = []
+
+    def four(out: torch.Tensor) -> None:
+        x = out.detach().reshape(out.shape[0] * out.shape[1] if out.dim() > 2 else out.shape[0], -1).float()
+        stats4.append(torch.stack([x.amin(1), x.amax(1), x.mean(1), torch.linalg.vector_norm(x, dim=1)]))
+
+    def copy_stats4() -> None:
+        torch.cat(stats4, 1).cpu()
+        stats4.clear()
+
+    def capture(mode: str):
+        return lambda: aligntools.capture(model, ids, mode=mode, progress=False)
+
+    variants = {"plain": forward, "stats": capture("stats"), "tensor": capture("tensor"),
+                "floor_keep": hooked(kept.append, kept.clear), "floor_stats4": hooked(four, copy_stats4),
+                "floor_cpu": hooked(lambda out: out.cpu())}
+    for fn in variants.values():
+        fn()  # warm-up (numba, kernels, the caching allocators)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            wait()
+            t0 = time.perf_counter()
+            fn()
+            wait()
+            times[name].append(time.perf_counter() - t0)
+    result: dict[str, object] = {"device": str(device), "sites": len(aligntools.capture(model, ids, progress=False).sites),
+                                 "hooked_modules": len(modules), "repeats": repeats,
+                                 "plain_ms": statistics.median(times["plain"]) * 1e3}
+    for name in variants:
+        if name != "plain":
+            result[f"{name}_x"] = paired_ratios(times[name], times["plain"])[1]
+    for mode in ("stats", "tensor"):
+        result[f"{mode}_syncs"], result[f"{mode}_d2h"] = _count_syncs(capture(mode), device)
+    return result
+
+
+def _count_syncs(fn, device: torch.device) -> tuple[int | None, int | None]:
+    """(host syncs, device-to-host copies) made by one call of ``fn``, on CUDA; else (None, None)."""
+    if device.type != "cuda":
+        return None, None
+    import warnings
+
+    torch.cuda.synchronize(device)
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize(device)
+        d2h = sum(e.count for e in prof.key_averages() if "DtoH" in e.key)  # "Memcpy DtoH (Device -> Pinned)"
+    except (RuntimeError, ImportError):
+        d2h = None
+    return syncs, d2h
+
+
 def paired_ratios(times: list[float], plain: list[float]) -> tuple[float, float, float]:
     """(25th, 50th, 75th percentile) of a variant's time over the plain forward's in the same
     repeat: the middle half shows how far the machine's noise moves the ratio."""

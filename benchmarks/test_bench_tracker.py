@@ -58,6 +58,18 @@ def test_overhead_script_reports_every_variant_and_the_goals(capsys):
     assert len(goals) == len(bench_tracker.GOALS) and all("nnsight" in line for line in goals)
 
 
+def test_device_overhead_times_every_variant_on_the_models_device():
+    """The GPU check's tracker stage: on a CPU toy model every variant is timed and the sync
+    counts say they were not measured (CUDA only)."""
+    model = bench_tracker.build_model(128, 1, 256)
+    ids = torch.randint(3, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    got = bench_tracker.device_overhead(model, ids, repeats=2)
+    ratios = [got[f"{name}_x"] for name in ("stats", "tensor", "floor_keep", "floor_stats4", "floor_cpu")]
+    assert got["device"] == "cpu" and got["plain_ms"] > 0 and all(r > 0 for r in ratios)
+    assert got["hooked_modules"] == 3 + 6 and got["sites"] == 15
+    assert got["stats_syncs"] is None and got["tensor_d2h"] is None
+
+
 def test_keep_freed_memory_sets_glibcs_thresholds_in_its_own_process():
     """In a subprocess: the setting would otherwise stay with the test session's process."""
     import subprocess

@@ -167,7 +167,9 @@ class HFAdapter(Adapter):
                                      inp["position_ids"], inp["past_len"], self._step)
 
     def _end_forward(self, module: nn.Module, args: tuple, output: object) -> None:
+        """The forward's one host sync, when it ran on a device (``Recorder.end_forward``)."""
         self._layout = None
+        self._rec.end_forward()
 
     def _on_beam_reorder(self) -> None:
         """Beam search moved hypotheses between rows: say so once, on the capture too."""

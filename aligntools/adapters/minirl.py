@@ -47,7 +47,9 @@ class MinirlAdapter(Adapter):
             @functools.wraps(original)
             def call(*args, _original=original, **kwargs):
                 recorder.begin_call()
-                return _original(*args, **kwargs)
+                out = _original(*args, **kwargs)
+                recorder.end_forward()  # its last forward's values, if they were left on a device
+                return out
 
             setattr(self.target, name, call)
             self._wrapped.append(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+import aligntools.tracker.pending as pending
 from aligntools.tracker.token_meta import TokenMeta
 
 
@@ -18,6 +19,10 @@ class ForwardLayout:
 
     Positions come from ``position_ids`` when given, else from the attention mask
     (``cumsum - 1``, which handles left padding), else ``past_len + arange(seq)``.
+
+    On a device (``pending.on_device``) nothing is read: the meta stays on the device with
+    every row, padding marked by ``valid``, and which rows are real is decided on the host
+    after the forward (``Recorder.end_forward``).
     """
 
     def __init__(self, input_ids: torch.Tensor | None, embeds: torch.Tensor | None,
@@ -45,12 +50,18 @@ class ForwardLayout:
             positions = past_len + torch.arange(s, device=device).expand(b, s)
         requests = torch.arange(b, device=device)[:, None].expand(b, s)
         self._grid = (requests, positions, tokens, valid)  # each [B, S]
+        self._on_device = pending.on_device(ref)
+        self._masked = attention_mask is not None and attention_mask.dim() == 2
         self._step = step
         self._tails: dict[int, tuple[torch.Tensor | None, TokenMeta]] = {}
         self.keep, self.meta = self._tail(s)
 
     def _tail(self, width: int) -> tuple[torch.Tensor | None, TokenMeta]:
         """(kept flat indices or None, meta) of the last ``width`` positions of each row."""
+        if width not in self._tails and self._on_device:  # all rows, read nowhere
+            requests, positions, tokens, valid = (t[:, -width:].reshape(-1) for t in self._grid)
+            self._tails[width] = (None, TokenMeta(requests.long(), positions.long(), tokens.long(), self._step,
+                                                  valid if self._masked else None))
         if width not in self._tails:
             requests, positions, tokens, valid = (t[:, -width:] for t in self._grid)
             flat_valid = valid.reshape(-1)

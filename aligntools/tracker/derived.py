@@ -20,10 +20,29 @@ cancel two terms of the size of the logits (an error of eps * |max|: 3.7e-3 at l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 Key = tuple[int, int]  # (request, position)
 _BLOCK = 1 << 20  # logits per row block on the CPU (a 4 MiB float32 scratch, reused)
+
+
+@dataclass(frozen=True)
+class DeviceLogits:
+    """The derived sites of one device forward's logits, computed there and read nowhere yet
+    (``aligntools.tracker.pending``): the host picks them up after the forward's one sync."""
+
+    x: torch.Tensor  # [N, V] the engine's logits, kept for rows whose next token comes later
+    top: torch.Tensor  # [N, 1] float32
+    log_s: torch.Tensor  # [N, 1] float32
+    targets: torch.Tensor  # [N] int64: the next token within this forward, -1 where none
+    logprob: torch.Tensor | None  # [N] float32 at ``targets`` (meaningless where -1)
+    entropy: torch.Tensor | None  # [N] float32
+
+    def numbers(self) -> list[torch.Tensor]:
+        """The small tensors the host needs: brought over in the forward's one copy."""
+        return [t for t in (self.targets, self.logprob, self.entropy) if t is not None]
 
 
 class NextTokenLogprobs:
@@ -44,6 +63,45 @@ class NextTokenLogprobs:
         x = logits.detach()  # [n, V], the engine's dtype
         top, log_s, entropy = _log_partition(x, self.entropy)  # [n, 1], [n, 1], [n] or None
         return (self._logprobs(rows, keys, x, top, log_s, token_of) if self.logprobs else None), entropy
+
+    def on_device_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> DeviceLogits:
+        """``logits`` [N, V] of a device forward with each row's next token ``targets`` [N]
+        (-1 unknown) -> the derived sites as device tensors, nothing read on the host."""
+        x = logits.detach()
+        top, log_s, entropy = _log_partition(x, self.entropy, sync_free=True)
+        logprob = None
+        if self.logprobs:  # clamped: an id past the vocab is refused on the host (resolve_device)
+            t = targets.clamp(0, x.shape[1] - 1)[:, None]  # [N, 1]
+            logprob = ((x.gather(1, t).float() - top) - log_s)[:, 0]
+        return DeviceLogits(x, top, log_s, targets, logprob, entropy)
+
+    def resolve_device(self, held: DeviceLogits, numbers: dict[int, torch.Tensor], kept: torch.Tensor | None,
+                       rows: torch.Tensor, keys: list[Key], token_of: dict[Key, int]
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``on_logits``' answer for the ``kept`` rows (None: all) of ``held``, from the host
+        copies in ``numbers`` (id of a device tensor -> its host copy). The device took each
+        row's successor within the forward; a row whose next token the host knows otherwise,
+        or not yet (kept pending, as ``on_logits`` does), is read from ``held.x`` here, after
+        the forward's sync."""
+        idx = torch.arange(len(held.x)) if kept is None else kept  # [n] rows of held.x
+        entropy = numbers[id(held.entropy)][idx] if self.entropy else None
+        if not self.logprobs:
+            return None, entropy
+        nxt = [token_of.get((r, p_ + 1), -1) for r, p_ in keys]
+        _check_width(max(nxt, default=-1), held.x.shape[1])
+        out = numbers[id(held.logprob)][idx].clone()  # [n]
+        for j, (want, got) in enumerate(zip(nxt, numbers[id(held.targets)][idx].tolist())):
+            if want == got >= 0:
+                continue
+            i = int(idx[j])
+            logp = (held.x[i].float() - held.top[i]) - held.log_s[i]  # [V]
+            if want >= 0:
+                out[j] = float(logp[want])
+            else:
+                out[j] = float("nan")
+                r, p_ = keys[j]
+                self._pending[(r, p_ + 1)] = (int(rows[j]), logp)
+        return out, entropy
 
     def _logprobs(self, rows: torch.Tensor, keys: list[Key], x: torch.Tensor, top: torch.Tensor,
                   log_s: torch.Tensor, token_of: dict[Key, int]) -> torch.Tensor:
@@ -79,9 +137,11 @@ def _check_width(token_id: int, width: int) -> None:
                          f"below {width}")
 
 
-def _log_partition(logits: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _log_partition(logits: torch.Tensor, entropy: bool, sync_free: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(max [n, 1], log(s) [n, 1], entropy [n] on the CPU or None) of ``logits`` [n, V] in
-    float32, a row block at a time; log p = (x - max) - log(s).
+    float32, a row block at a time; log p = (x - max) - log(s). ``sync_free``: nothing is
+    read on the host and the entropy stays on the logits' device (a device forward).
 
     One ``exp`` pass serves all: with d = x - max, e = exp(d) and s = sum(e),
     log p = d - log(s) and H = log(s) - sum(e * d) / s (p = e / s). The ``exp`` is most of
@@ -98,11 +158,16 @@ def _log_partition(logits: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, t
         d, e = scratch[:, :len(x)]  # [b, V] each
         total, top = _sum_exp(x, d, e)  # [b, 1] each
         log_s = total.log()  # [b, 1]
-        if entropy:
+        if entropy and sync_free:  # masked (-inf) logits add 0 (0 log 0 = 0): no row to look for
+            ents.append(log_s[:, 0] - torch.where(e > 0, e * d, 0.0).sum(-1).div_(total[:, 0]))
+        elif entropy:
             ents.append(_fix_masked(log_s[:, 0] - e.mul_(d).sum(-1).div_(total[:, 0]), x, top, log_s))
         tops.append(top)
         logs.append(log_s)
-    return torch.cat(tops), torch.cat(logs), torch.cat(ents).cpu() if entropy else None
+    if not entropy:
+        return torch.cat(tops), torch.cat(logs), None
+    ent = torch.cat(ents)
+    return torch.cat(tops), torch.cat(logs), ent if sync_free else ent.cpu()
 
 
 def _fix_masked(ent: torch.Tensor, x: torch.Tensor, top: torch.Tensor, log_s: torch.Tensor) -> torch.Tensor:

@@ -26,11 +26,12 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
+from aligntools.tracker import pending
 from aligntools.tracker.borrowed import Borrowed, can_borrow
 from aligntools.tracker.store import EMITTED, TOKEN, MemoryStore, Store, VarSpec
-from aligntools.tracker.derived import NextTokenLogprobs
+from aligntools.tracker.derived import DeviceLogits, NextTokenLogprobs
 from aligntools.sites import TOKEN_COORDS, trailing_dims
-from aligntools.tracker.stats import STAT_NAMES, RowReduction, finish_rows, reduce_rows, row_stats
+from aligntools.tracker.stats import STAT_NAMES, RowReduction, device_row_stats, finish_rows, reduce_rows, row_stats
 from aligntools.tracker.token_meta import TokenMetaLike
 
 DERIVED = ("logprobs", "entropy")
@@ -124,6 +125,7 @@ class Recorder:
         self._bar = tqdm(desc="capture", unit="tok", disable=None if progress is None else not progress,
                          leave=False)
         self._stat_written = False
+        self._forward: PendingForward | None = None  # a device forward not yet read (``pending``)
 
     @property
     def n_tokens(self) -> int:
@@ -139,6 +141,7 @@ class Recorder:
 
     def begin_call(self) -> None:
         """A new engine call: its request indices start after every earlier call's."""
+        self.end_forward()
         self._req_offset = self._n_requests
         self._call += 1
         self._meta_cache = None
@@ -151,6 +154,7 @@ class Recorder:
         For engines that mix requests at different decode steps inside one forward (vLLM/SGLang
         continuous batching), where a change of step does not mean the previous step is done.
         """
+        self.end_forward()
         self._step_flush = False
         self._done = len(self._coords["step"])
         self._maybe_flush()
@@ -164,6 +168,9 @@ class Recorder:
         reference, checked when it is read (``borrowed.Borrowed``)."""
         if self._call < 0:
             self.begin_call()
+        if pending.on_device(value):
+            self._defer(site, value.detach(), meta, owned=owned, borrow=borrow)
+            return
         keep, rows, keys = self._rows(meta)
         if len(rows) == 0:
             return
@@ -177,8 +184,60 @@ class Recorder:
                 if val is not None:
                     self._store(name, rows, val, copy=False, dtype_attr="float32")
 
+    def end_forward(self) -> None:
+        """The device forward being held has ended: bring its values over (one copy, one
+        sync) and record them. Adapters call it from the root module's forward hook; an
+        engine that marks no forward end gets it at its next step, call or ``finish``."""
+        fwd, self._forward = self._forward, None
+        if fwd is None:
+            return
+        host = fwd.to_host()
+        for entry in host.entries:
+            meta, valid_rows = host.metas[id(entry.meta)]
+            keep, rows, keys = self._rows(meta)
+            if len(rows) == 0:
+                continue
+            kept = valid_rows if keep is None else (keep if valid_rows is None else valid_rows[keep])
+            if entry.derived is not None:
+                self._record_derived(entry.derived, host.numbers, kept, rows, keys)
+            else:
+                data = host.numbers[id(entry.data)] if entry.stats else entry.data
+                self._buffer_rows(entry.site, rows, _take_rows(data, kept), entry.dtype)
+
+    def _defer(self, site: str, v: torch.Tensor, meta: TokenMetaLike, *, owned: bool, borrow: bool) -> None:
+        """Hold ``v`` [N, ...] of a device forward (all of its rows, padding included: which
+        rows are kept is a host question, answered at ``end_forward``); nothing is read here."""
+        fwd = self._forward
+        if fwd is not None and fwd.step != meta.step:
+            self.end_forward()  # an engine without forward hooks: a new step starts a new forward
+            fwd = None
+        if fwd is None:
+            fwd = self._forward = pending.PendingForward(meta.step, v.device)
+        dtype = str(v.dtype).removeprefix("torch.")
+        if site in self.sites:
+            if self.mode == "stats":
+                stats = device_row_stats(v)  # [N, 8] float64, on the device
+                fwd.add(pending.Entry(site, meta, stats, dtype, stats=True), stats)
+            else:
+                fwd.add(pending.Entry(site, meta, self._hold(site, v, copy=not owned, borrow=borrow and not self.copy),
+                                      dtype))
+        if site == "logits" and self._derive is not None:
+            held = self._derive.on_device_logits(v, fwd.targets(meta))
+            fwd.add(pending.Entry(site, meta, None, "float32", derived=held), *held.numbers())
+
+    def _record_derived(self, held: DeviceLogits, numbers: dict[int, torch.Tensor], kept: torch.Tensor | None,
+                        rows: CaptureRows, keys: list) -> None:
+        """The derived sites of a device forward's logits, from their host copies."""
+        for name, val in zip(DERIVED, self._derive.resolve_device(held, numbers, kept, rows.ids, keys,
+                                                                   self._token_of)):
+            if val is not None:
+                self._buffer_rows(name, rows, val if self.mode == "tensor" else row_stats(val), "float32")
+
     def finish(self, attrs: dict, complete: bool) -> None:
         """Flush every row, write ``attrs`` with ``complete`` and close the store."""
+        if complete:
+            self.end_forward()
+        self._forward = None
         self._flush(len(self._coords["step"]))
         self._bar.close()
         final = {**attrs, "mode": self.mode, "complete": int(complete)}
@@ -249,13 +308,36 @@ class Recorder:
                dtype_attr: str | None = None) -> None:
         if self.budget_bytes is not None and self._stored_bytes + self._nbytes(v) > self.budget_bytes:
             self._over_budget(site, v)
-        if site not in self._specs:
-            self._specs[site] = self._spec(site, v, dtype_attr or str(v.dtype).removeprefix("torch."))
         if self.mode == "stats":
             data = reduce_rows(v)  # finished into [n, 8] float64 rows at flush
         else:  # the engine's dtype on the CPU; widened when written
-            rows_v = v.reshape(v.shape[0], *_trailing(site, v.shape[1:]))  # [n, *trailing]
-            data = Borrowed.of(site, rows_v) if copy and borrow and can_borrow(rows_v) else rows_v.to("cpu", copy=copy)
+            data = self._hold(site, v, copy=copy, borrow=borrow)
+        self._buffer_data(site, rows, data, v, dtype_attr)
+
+    def _hold(self, site: str, v: torch.Tensor, *, copy: bool, borrow: bool) -> torch.Tensor | Borrowed:
+        """Tensor mode's rows of ``v`` [n, ...] on the host: kept by checked reference, copied, or
+        (from a device) copied asynchronously into pinned memory (``pending.host_copy``)."""
+        rows_v = v.reshape(v.shape[0], *_trailing(site, v.shape[1:]))  # [n, *trailing]
+        if copy and borrow and can_borrow(rows_v):
+            return Borrowed.of(site, rows_v)
+        if rows_v.is_cpu:
+            return rows_v.clone() if copy else rows_v
+        return pending.host_copy(rows_v)
+
+    def _buffer_rows(self, site: str, rows: CaptureRows, data: torch.Tensor | Borrowed, dtype_attr: str) -> None:
+        """Buffer host ``data`` (stats rows or tensor rows) that a device forward left, checking
+        the budget as ``_store`` does."""
+        value = data.value if isinstance(data, Borrowed) else data
+        if self.budget_bytes is not None and self._stored_bytes + self._nbytes(value) > self.budget_bytes:
+            self._over_budget(site, value)
+            if self.mode == "stats" and value.shape[1:] != (len(STAT_NAMES),):  # downgraded just now
+                data = value = row_stats(data.take() if isinstance(data, Borrowed) else data)
+        self._buffer_data(site, rows, data, value, dtype_attr)
+
+    def _buffer_data(self, site: str, rows: CaptureRows, data: torch.Tensor | Borrowed | RowReduction,
+                     v: torch.Tensor, dtype_attr: str | None) -> None:
+        if site not in self._specs:
+            self._specs[site] = self._spec(site, v, dtype_attr or str(v.dtype).removeprefix("torch."))
         nbytes = self._nbytes(data)
         self._stored_bytes += nbytes
         self._buffered_bytes += nbytes
@@ -439,3 +521,10 @@ def _as_tensor(value: object) -> torch.Tensor | None:
         return torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError):
         return None
+
+
+def _take_rows(data: torch.Tensor | Borrowed, kept: torch.Tensor | None) -> torch.Tensor | Borrowed:
+    """Host ``data`` [N, ...] of a device forward reduced to its ``kept`` rows (None: all)."""
+    if kept is None:
+        return data
+    return (data.take() if isinstance(data, Borrowed) else data)[kept]

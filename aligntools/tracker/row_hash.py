@@ -50,7 +50,7 @@ def row_hash(rows: torch.Tensor) -> torch.Tensor:
                          f"{rows.dtype} of shape {tuple(rows.shape)}: reshape to [N, -1] and widen first")
     words = rows.contiguous().view(torch.int32)  # [N, W]: a free view of the bytes
     if not words.is_cpu:
-        return torch_row_hash(words)
+        return torch_row_hash(words).cpu()
     out = torch.empty(len(words), dtype=torch.float64)
     if len(words):
         hash_rows(words.numpy().view(np.uint32), keys(words.shape[1]), out.numpy())
@@ -58,17 +58,24 @@ def row_hash(rows: torch.Tensor) -> torch.Tensor:
 
 
 def torch_row_hash(words: torch.Tensor) -> torch.Tensor:
-    """``row_hash`` of int32 ``words`` [N, W] in torch int64 (wrapping, i.e. mod 2**64), for
-    rows on an accelerator, where copying them to the CPU would cost more than the sums."""
+    """``row_hash`` of int32 ``words`` [N, W] as float64 [N] on their device, in torch int64
+    (wrapping, i.e. mod 2**64) from start to end: no value is read on the host, so a forward
+    on an accelerator is never made to wait for it."""
     m = words.to(torch.int64) & 0xFFFFFFFF  # [N, W]
     h, odd = divmod(m.shape[1], 2)
-    zero = m.new_zeros(len(m), odd)  # [N, 1 or 0]: the last word's zero partner
-    lo, hi = torch.cat([m[:, :h], m[:, 2 * h:]], 1), torch.cat([m[:, h:2 * h], zero], 1)  # [N, ceil(W/2)]
+    if odd:  # the last word's partner is a zero word
+        lo, hi = torch.cat([m[:, :h], m[:, 2 * h:]], 1), torch.cat([m[:, h:2 * h], m.new_zeros(len(m), 1)], 1)
+    else:
+        lo, hi = m[:, :h], m[:, h:]  # [N, W/2] views
     k = keys(m.shape[1], words.device)  # [4, ceil(W/2)] int64
-    a = (((lo + k[0]) & 0xFFFFFFFF) * ((hi + k[1]) & 0xFFFFFFFF)).sum(1)
+    a = (((lo + k[0]) & 0xFFFFFFFF) * ((hi + k[1]) & 0xFFFFFFFF)).sum(1)  # [N] uint64 sums in int64 bits
     b = (((lo + k[2]) & 0xFFFFFFFF) * ((hi + k[3]) & 0xFFFFFFFF)).sum(1)
-    a, b = (t.cpu().numpy().view(np.uint64) for t in (a, b))
-    return torch.from_numpy((((a % np.uint64(P1)) << np.uint64(21)) | (b % np.uint64(P2))).astype(np.float64))
+    return ((_unsigned_mod(a, P1) << 21) | _unsigned_mod(b, P2)).to(torch.float64)
+
+
+def _unsigned_mod(x: torch.Tensor, p: int) -> torch.Tensor:
+    """``x`` int64 read as uint64, modulo ``p`` < 2**31: a negative x stands for x + 2**64."""
+    return (x.remainder(p) + (x < 0) * (2 ** 64 % p)).remainder(p)
 
 
 def keys(width: int, device: torch.device | None = None) -> np.ndarray | torch.Tensor:
@@ -80,8 +87,15 @@ def keys(width: int, device: torch.device | None = None) -> np.ndarray | torch.T
         z = splitmix64(np.uint64(SEED) + np.arange(2 * h, dtype=np.uint64))  # [2h]
         z0, z1 = z[0::2], z[1::2]
         k = np.stack([z0, z1, z0 >> np.uint64(32), z1 >> np.uint64(32)]).astype(np.uint32)  # [4, h]: low / high halves
-        _keys_cache[h, tag] = k if device is None else torch.from_numpy(k.astype(np.int64)).to(device)
+        _keys_cache[h, tag] = k if device is None else _on(torch.from_numpy(k.astype(np.int64)), torch.device(device))
     return _keys_cache[h, tag]
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """CPU ``t`` on ``device`` without making the host wait (pinned, non-blocking to CUDA)."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:

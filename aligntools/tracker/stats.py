@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from aligntools.tracker import compiled_row_stats
-from aligntools.tracker.row_hash import keys, row_hash
+from aligntools.tracker.row_hash import keys, row_hash, torch_row_hash
 
 STAT_NAMES: tuple[str, ...] = ("min", "max", "mean", "l2", "amax", "n_nan", "n_inf", "hash")
 
@@ -86,6 +86,19 @@ def reduce_rows(x: torch.Tensor) -> RowReduction:
         return RowReduction(mn, mx, total / flt.shape[1], l2, hashes)
     mn, mx, mean, l2, masked = _masked_stats(flt)
     return RowReduction(mn, mx, mean, l2, hashes, masked)
+
+
+def device_row_stats(x: torch.Tensor) -> torch.Tensor:
+    """``row_stats`` of ``x`` [N, ...] as float64 [N, len(STAT_NAMES)] on ``x``'s device, read
+    nowhere: no host sync (``pending``). Every row takes the finite-entries path (the CPU
+    path's branch on "is every entry finite?" is a host read); for a finite row it gives the
+    same stats. Sums follow the device's own order, so they equal the CPU's to rounding,
+    while min/max, counts and the hash are exact."""
+    rows = x.detach() if x.dim() == 2 else x.detach().reshape(x.shape[0], -1)  # [N, D]
+    flt = (rows if rows.dtype == torch.float32 else rows.to(torch.float32)).contiguous()
+    mn, mx, mean, l2, masked = _masked_stats(flt)
+    hashes = torch_row_hash((flt if rows.is_floating_point() else rows.to(torch.int64)).contiguous().view(torch.int32))
+    return torch.cat([torch.stack([mn, mx, mean, l2], dim=1), masked, hashes[:, None]], dim=1)  # [N, 8]
 
 
 def finish_rows(parts: list[RowReduction]) -> list[torch.Tensor]:
