@@ -26,6 +26,7 @@ from aligntools.gates.inputs import corpus_text
 from labs.corpus import training_texts
 from labs.tokenizer import build_tokenizer
 from labs.zoo_specs import SPECS, ZooSpec
+from minirl import OutputPathError, check_directory_takes_files
 from minirl.quiet import quiet_when_asked
 
 ZOO_FORMAT = 1  # bump when the build recipe changes, so caches rebuild
@@ -63,13 +64,17 @@ def build(name: str, out: str | os.PathLike | None = None, seed: int = 0, force:
         return target
     _check_target(target)
     parent = target.parent
+    hint = "Pass out= a writable directory or set MLAB_ZOO_DIR."
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        check_directory_takes_files(target, "zoo model")  # else FileLock retries forever on a lock it cannot create
+    except OutputPathError as e:
+        raise OutputPathError(f"{e}. {hint}") from e
+    try:
         lock = FileLock(parent / f".{target.name}.lock")
         lock.acquire()  # a second builder (another test worker, notebook or shell) waits for the first
     except OSError as e:
         raise OSError(f"cannot write zoo model to {target}: {e.strerror or e}. "
-                      f"Pass out= a writable directory or set MLAB_ZOO_DIR.") from e
+                      f"{hint}") from e
     try:
         if force or not _is_complete(target, fingerprint):  # the first builder may have finished it
             _build_locked(target, name, spec, seed, fingerprint, progress)

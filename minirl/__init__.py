@@ -22,7 +22,9 @@ _EXPORTS = {"Engine": "minirl.engine", "Knobs": "minirl.engine", "SamplingParams
             "EngineSpec": "minirl.engine.spec", "Rollout": "minirl.engine.rollout",
             "read_config": "minirl.engine.checkpoint", "read_safetensors": "minirl.engine.checkpoint",
             "TrainConfig": "minirl.training.train_config", "train": "minirl.training.driver",
-            "trainer_logprobs": "minirl.training.trainer_forward"}
+            "trainer_logprobs": "minirl.training.trainer_forward",
+            "check_output_file": "minirl.output_paths", "temp_sibling": "minirl.output_paths",
+            "check_directory_takes_files": "minirl.output_paths", "OutputPathError": "minirl.output_paths"}
 _OLD_PATHS = ("advantages", "corrections", "espo", "losses")
 """Module paths earlier releases documented as public (``minirl.corrections.icepop``,
 ``minirl.losses.gspo_loss``, ...): the modules live in ``minirl.algorithms``; these names keep
@@ -68,6 +70,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from minirl.engine.checkpoint import read_config, read_safetensors
     from minirl.engine.rollout import Rollout
     from minirl.engine.spec import EngineSpec
+    from minirl.output_paths import OutputPathError, check_directory_takes_files, check_output_file, temp_sibling
     from minirl.training.driver import train
     from minirl.training.train_config import TrainConfig
     from minirl.training.trainer_forward import trainer_logprobs

@@ -77,6 +77,9 @@ class SiteResult:
 
     basis: ``tensor`` (full tensors), ``stats`` (stats-mode lower bounds), ``ids`` (integer
     top-k ids: flips), ``skipped`` (nothing comparable; ``note`` says why).
+    comparable: False where the two sides hold values that cannot be compared (another rank,
+    shape or kind of number) or no token has a finite value on both sides; such a site fails,
+    since nothing shows it agrees (``Comparison.not_compared``).
     """
 
     site: str
@@ -86,6 +89,7 @@ class SiteResult:
     rows: dict[str, np.ndarray] = field(default_factory=dict)
     summary: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    comparable: bool = True
 
     @property
     def dtype(self) -> str:
@@ -115,15 +119,24 @@ class Comparison(SiteVerdict):
     @cached_property
     def table(self) -> pd.DataFrame:
         """Sites x metrics in execution order (index: site name). ``limit`` is the tolerance,
-        ``growth`` error / inputs' error, ``passes`` False where error > limit or NaN/Inf
-        appear on one side only (ids/skipped sites are not gated and pass)."""
+        ``growth`` error / inputs' error, ``passes`` False where error > limit, NaN/Inf
+        appear on one side only, or the site could not be compared (``not_compared``); ids sites
+        are gated by routing, not here, and pass."""
         recs = [{"site": site, "layer": S.parse(site).layer, "basis": r.basis, "dtype": r.dtype,
                  "n_tokens": len(self.alignment), **r.summary} for site, r in self.results.items()]
         t = pd.DataFrame(recs).set_index("site").reindex(columns=TABLE_COLUMNS)
         g = self.growth.reindex(t.index)
         t["limit"], t["growth"] = g["limit"], g["growth"]
-        t["passes"] = ~(g["error"] > g["limit"])  # NaN (not gated) compares False: passes
+        t["passes"] = ~(g["error"] > g["limit"]) & ~t.index.isin(list(self.not_compared))  # NaN error: not gated
         return t
+
+    @property
+    def not_compared(self) -> dict[str, str]:
+        """Sites that could not be compared -> why. Each fails: a site whose values cannot be
+        compared (an extra dim, integer values, a cut vocabulary) or that is non-finite on both
+        sides shows nothing about alignment, and passing it hid a broken capture. A site the user
+        means to leave out is left out by name (``sites=``, ``mlab diff --sites``)."""
+        return {s: r.note for s, r in self.results.items() if not r.comparable}
 
     @cached_property
     def growth(self) -> pd.DataFrame:
@@ -184,7 +197,8 @@ class Comparison(SiteVerdict):
         for s, r in self.results.items():
             if r.note:
                 by_note.setdefault(r.note, []).append(s)
-        notes = [f"{_site_list(sites)}: {note}" for note, sites in by_note.items()]
+        notes = [f"{_site_list(sites)}: {note}" for note, sites in by_note.items()
+                 if not set(sites) & set(self.not_compared)]
         for side, x in ((self.labels[0], "a"), (self.labels[1], "b")):
             blown = {s: int(r.summary.get("nan_rows_" + x, 0)) for s, r in self.results.items()}
             miss = {s: int(n) - blown.get(s, 0) for s, n in self.table["missing_" + x].items() if n > 0}
@@ -196,6 +210,13 @@ class Comparison(SiteVerdict):
                              + ", ".join(f"{s} {n}" for s, n in blown.items() if n))
         if notes:
             out.append("notes: " + "; ".join(notes))
+        if self.not_compared:
+            out.append(f"{len(self.not_compared)} sites not compared (each fails; to accept that, leave them out "
+                       f"with sites= / --sites):")
+            by_why: dict[str, list[str]] = {}
+            for s, why in self.not_compared.items():
+                by_why.setdefault(why, []).append(s)
+            out.extend(f"  {_site_list(sites)}: {why}" for why, sites in by_why.items())
         if len(self.routing):
             out.append("routing diff:\n" + self.routing.to_string(float_format=lambda x: f"{x:.3g}"))
         out.append(str(self.first_divergence) if self.first_divergence else "no divergence")
@@ -249,11 +270,16 @@ def load_capture(path: str | Path, stacklevel: int = 2) -> xr.Dataset:
     passed on pointing at the code that asked for the file: ``stacklevel`` as for
     ``warnings.warn``, counted from here (2: the caller), so ``compare(path, ...)`` warns at
     the line calling ``compare``, not at a line of this module."""
-    from aligntools.tracker.capture_dataset import Capture
+    from aligntools.tracker.capture_dataset import Capture, CaptureFileError
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ds = Capture.load(path, lazy=True).dataset
+        try:
+            ds = Capture.load(path, lazy=True).dataset
+        except CaptureFileError:
+            raise
+        except (ValueError, TypeError) as e:  # an attr of the wrong type (complete=[1, 2, 3]): name the file
+            raise CaptureFileError(f"cannot read capture {path}: {type(e).__name__}: {e}") from e
     for w in caught:
         warnings.warn(w.message, w.category, stacklevel=stacklevel)
     for v in ds.data_vars.values():  # so that a damaged tile read names its file (sweep._read)
@@ -332,6 +358,11 @@ def _hash_note(scheme_a: str, scheme_b: str) -> str:
             "the bounds still hold. For bit-equality, capture both sides with the same aligntools")
 
 
+def _source(v: xr.DataArray, side: str) -> str:
+    """The file a site's values come from (``load_capture`` records it), else the side's name."""
+    return str(v.encoding.get("source") or side)
+
+
 def _site_base(site: str, a: xr.Dataset, b: xr.Dataset) -> dict[str, str]:
     return {"site": site, "dtype_a": _dtype(a, site), "dtype_b": _dtype(b, site)}
 
@@ -342,6 +373,10 @@ def _small_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
     do not match): small or nothing to read. None for a tensor site (``_compare_sites``)."""
     va, vb = a[site], b[site]
     base = _site_base(site, a, b)
+    unreal = [f"{_source(v, side)} holds {v.dtype} values, not real numbers" for side, v in (("a", va), ("b", vb))
+              if not (np.issubdtype(v.dtype, np.floating) or np.issubdtype(v.dtype, np.integer))]
+    if unreal:  # strings, complex, booleans: no metric here means anything
+        return SiteResult(basis="skipped", comparable=False, note="not comparable: " + "; ".join(unreal), **base)
     if "stat" in va.dims or "stat" in vb.dims:
         rows = stats_rows(_stats(va, al.idx_a, max_memory), _stats(vb, al.idx_b, max_memory))
         note = _hash_note(_hash_scheme(a, va), _hash_scheme(b, vb))
@@ -352,10 +387,10 @@ def _small_site(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
                               summary={"exact": float(rows["exact"].mean())}, note=note, **base)
         summary = stats_summary(rows)  # keeps missing_a/_b in rows where some row is missing
         summary.update(nan_rows(site, a, b, al, rows))
-        return SiteResult(basis="stats", rows=rows, summary=summary, note=note, **base)
+        return SiteResult(basis="stats", rows=rows, summary=summary, **_finite_somewhere(summary, note), **base)
     ints = [np.issubdtype(v.dtype, np.integer) for v in (va, vb)]
     if va.shape[1:] != vb.shape[1:] or ints[0] != ints[1]:
-        return SiteResult(basis="skipped", note=f"not comparable: {va.dtype}{va.shape[1:]} vs "
+        return SiteResult(basis="skipped", comparable=False, note=f"not comparable: {va.dtype}{va.shape[1:]} vs "
                           f"{vb.dtype}{vb.shape[1:]}", **base)
     if 0 in va.shape[1:]:  # nothing per token: no metric is defined, and none can fail
         return SiteResult(basis="skipped", note=f"no values per token (shape {va.shape[1:]}): nothing to compare",
@@ -379,7 +414,17 @@ def _tensor_result(site: str, a: xr.Dataset, b: xr.Dataset, al: Alignment,
         lr = L.mask_rows(out, valid=sums["n_valid"] > 0)
         rows.update(lr)
         summary.update(L.logit_summary(lr))
-    return SiteResult(basis="tensor", rows=rows, summary=summary, **_site_base(site, a, b))
+    return SiteResult(basis="tensor", rows=rows, summary=summary, **_finite_somewhere(summary, ""),
+                      **_site_base(site, a, b))
+
+
+def _finite_somewhere(summary: dict[str, float], note: str) -> dict:
+    """``note`` and ``comparable`` of a measured site: not comparable when no token has a finite
+    value on both sides (two all-NaN captures used to pass with no metric computed)."""
+    if summary.get("n_tokens", 1) > 0:
+        return {"note": note, "comparable": True}
+    why = "no token has a finite value on both sides (all NaN or Inf): no metric could be computed"
+    return {"note": "; ".join(n for n in (note, why) if n), "comparable": False}
 
 
 def _compare_sites(sites: list[str], a: xr.Dataset, b: xr.Dataset, al: Alignment, next_ids: np.ndarray | None,

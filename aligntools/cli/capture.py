@@ -42,12 +42,16 @@ def run(args: argparse.Namespace) -> int:
     import aligntools
     from aligntools.adapters.build import build_engine
     from aligntools.cli.inputs import UsageError, checkpoint_config, engine_spec
+    from aligntools.tracker.files import check_target
     from aligntools.tracker.journal import partial_path
     from aligntools.tracker.recorder import CaptureBudgetExceeded
+    from minirl import check_directory_takes_files
 
     config = checkpoint_config(args.model)
     spec = engine_spec(args.engine, args.dtype)
     ids = _input_ids(args, config)
+    check_target(Path(args.out))  # what the capture would replace, and where it can write: before the model loads
+    check_directory_takes_files(args.out, "capture")
     try:
         target = build_engine(spec, args.model)
     except (ValueError, OSError, RuntimeError, KeyError) as e:

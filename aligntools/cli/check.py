@@ -4,8 +4,10 @@
                [--dtype float32|bfloat16] [--tokens N] [--tolerance FILE] [--report out.html]
 
 Exit codes: 0 aligned, 1 misaligned, 2 usage error (bad path, unknown knob, unreadable
-checkpoint, unwritable report). The verdict is printed before the report is written, so an
-unwritable report path still leaves the full answer in the terminal.
+checkpoint, unwritable report). A ``--report`` that is no place for a file (a device node, FIFO,
+socket, directory, or an existing capture) is refused before the check runs; a failure to create
+the file is found only when it is written, after the verdict is printed, so the full answer is
+still in the terminal.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aligntools.gates.alignment import check_alignment
+    from minirl import check_output_file
 
+    if args.report:
+        check_output_file(args.report, "report")
     result = check_alignment(args.model, train=args.train, infer=args.infer, dtype=args.dtype,
                              tokens=args.tokens, tolerance=args.tolerance, progress=sys.stderr.isatty())
     print(result.summary())

@@ -12,6 +12,7 @@ docs/conventions.md). A candidate that is *more* accurate than the baseline alwa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,8 @@ from aligntools.analyzer.tolerance import Tolerance
 
 @dataclass(frozen=True)
 class GateReport(SiteVerdict):
-    """Per site: ``err_candidate``, ``err_baseline`` (both vs reference), ``limit``, ``passes``."""
+    """Per site: ``err_candidate``, ``err_baseline`` (both vs reference), ``limit``, ``passes``, and
+    ``note``: why a site that fails for lack of a comparison was not compared."""
 
     table: pd.DataFrame
 
@@ -41,6 +43,11 @@ def accuracy_gate(candidate: Any, baseline: Any, reference: Any, *, tolerance: T
     rows = []
     for site, rc in cand.results.items():
         rb = base.results.get(site)
+        unusable = [r.note for r in (rc, rb) if r is not None and not r.comparable]
+        if unusable:  # nothing shows this site agrees: it fails (leave it out by name with sites=)
+            rows.append({"site": site, "dtype": rc.dtype_b, "err_candidate": math.nan, "err_baseline": math.nan,
+                         "limit": math.nan, "passes": False, "note": "not compared: " + "; ".join(unusable)})
+            continue
         if rc.basis not in GATED_BASES or rb is None or rb.basis not in GATED_BASES:
             continue
         e_c, e_b = rc.summary["rel_l2"], rb.summary["rel_l2"]
@@ -48,7 +55,7 @@ def accuracy_gate(candidate: Any, baseline: Any, reference: Any, *, tolerance: T
         limit = (tolerance or Tolerance()).rule(site, dtype).limit(e_b)
         nonfinite = rc.summary.get("nonfinite_mismatch", 0) > rb.summary.get("nonfinite_mismatch", 0)
         rows.append({"site": site, "dtype": dtype, "err_candidate": e_c, "err_baseline": e_b,
-                     "limit": limit, "passes": bool(e_c <= limit and not nonfinite)})
+                     "limit": limit, "passes": bool(e_c <= limit and not nonfinite), "note": ""})
     if not rows:
         raise ValueError("no site to gate: candidate, baseline and reference share no float site")
     return GateReport(pd.DataFrame(rows).set_index("site"))

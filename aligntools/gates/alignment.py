@@ -268,9 +268,12 @@ def _verdict(cmp, floor, floors: dict[str, float], setup: dict, dtype: str) -> G
     t = cmp.table
     table = t.assign(noise_floor=pd.Series(floors).reindex(t.index))[SITE_COLUMNS]
     reasons = []
-    failed = list(table.index[~table["passes"]])
+    skipped = cmp.not_compared
+    if skipped:
+        reasons.append(f"{len(skipped)} sites not compared: " + "; ".join(f"{s} ({why})" for s, why in skipped.items()))
+    failed = [s for s in table.index[~table["passes"]] if s not in skipped]
     if failed:
-        worst = _worst(table)
+        worst = _worst(table.loc[failed])
         reasons.append(f"{len(failed)} of {len(table)} sites over their limit (first {failed[0]}; worst {worst}: "
                        f"rel. L2 {table.loc[worst, 'rel_l2']:.3g} > limit {table.loc[worst, 'limit']:.3g})")
     routing = _routing(cmp, floor, dtype)

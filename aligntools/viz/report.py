@@ -16,7 +16,6 @@ import base64
 import html
 import io
 import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -135,20 +134,20 @@ class Report:
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary sibling and ``os.replace``.
 
-    Raises ``OSError`` whose message names ``path`` (the CLI turns it into a usage error)."""
-    p = Path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    except OSError as e:
-        raise OSError(f"cannot write report to {p}: {e.strerror or e}") from e
+    Only a new path or a regular file is replaced (``minirl.check_output_file``: never a device
+    node, FIFO, socket, directory, or a capture). Raises ``OSError`` whose message names ``path``
+    and the real reason (the CLI turns it into a usage error)."""
+    from minirl import check_output_file, temp_sibling
+
+    p = check_output_file(path, "report")
+    fd, tmp = temp_sibling(p, "report")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is an ordinary file
         os.replace(tmp, p)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise OSError(f"cannot write report to {p}: {e.strerror or e}") from e
     return p
 

@@ -87,7 +87,10 @@ class EngineSpec:
         kind, rest = spec[:cut].strip(), spec[cut + 1:]
         if kind not in KINDS:
             raise ValueError(f"engine spec {text!r}: unknown engine {kind!r}; engines: {', '.join(KINDS)}")
-        items = [x.strip() for x in rest.split(",") if x.strip()]
+        items = [x.strip() for x in rest.split(",")] if rest.strip() else []
+        if "" in items:  # "minirl:,," ran the defaults while "minirl:typical,=1" was refused
+            raise ValueError(f"engine spec {text!r} has an empty item between commas; give "
+                             f"{kind}[:{_head_name(kind)}][,key=value...] without empty items")
         head = items.pop(0) if items and "=" not in items[0] else None
         bad = [item for item in items if "=" not in item]
         if bad:
