@@ -164,8 +164,10 @@ def device_overhead(model: torch.nn.Module, ids: torch.Tensor, repeats: int = 10
 
     def hooked(on_output, at_end=lambda: None):
         def run() -> None:
-            handles = [m.register_forward_hook(lambda m, a, out: on_output(out[0] if isinstance(out, tuple) else out))
-                       for m in modules]
+            def hook(module, args, out) -> None:  # returns None: the module's output is left as it was
+                on_output(out[0] if isinstance(out, tuple) else out)
+
+            handles = [m.register_forward_hook(hook) for m in modules]
             try:
                 forward()
                 at_end()

@@ -66,7 +66,9 @@ def test_device_overhead_times_every_variant_on_the_models_device():
     got = bench_tracker.device_overhead(model, ids, repeats=2)
     ratios = [got[f"{name}_x"] for name in ("stats", "tensor", "floor_keep", "floor_stats4", "floor_cpu")]
     assert got["device"] == "cpu" and got["plain_ms"] > 0 and all(r > 0 for r in ratios)
-    assert got["hooked_modules"] == 3 + 6 and got["sites"] == 15
+    # embed, 9 per layer (attn_norm q k v attn_out resid_mid mlp_norm mlp_out resid_post), final_norm, logits,
+    # and the derived logprobs and entropy
+    assert got["hooked_modules"] == 3 + 6 and got["sites"] == 1 + 9 + 2 + 2
     assert got["stats_syncs"] is None and got["tensor_d2h"] is None
 
 
