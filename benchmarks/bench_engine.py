@@ -12,6 +12,12 @@ times real vLLM in the same rounds: an in-process eager ``LLM`` (prefix caching 
 prompts as token ids, T=1 sampling, EOS ignored. vLLM pins its worker to one torch thread,
 so compare at ``--threads 1`` (the default).
 
+Decode table (``--decode-table``, ``decode_table()``): greedy decode of ``--batches`` x 32-token
+prompts x 128 new tokens on ``--device`` (bf16, EOS ignored), generated tokens per second,
+prefill included: minirl eager, minirl with CUDA graphs (CUDA only), transformers ``generate``
+with its dynamic cache and with ``cache_implementation="static"``. The card goal: minirl with
+graphs >= 1.5x transformers' static cache at batch 32 and 256.
+
 Mismatch (``--mismatch``): for every zoo model, |logprob_minirl - logprob_transformers| on the
 same sampled sequences, for the ``typical_inference`` and ``aligned`` presets (and ``aligned``
 with a bf16 lm_head and router, transformers' own bf16 recipe) in bf16, in prefill (``score``)
@@ -20,6 +26,8 @@ and decode (``generate``'s logprobs), against transformers in bf16 (the bf16 tra
     .venv/bin/python benchmarks/bench_engine.py                 # tiny-qwen3-moe, fp32
     .venv/bin/python benchmarks/bench_engine.py --dtype bfloat16
     .venv/bin/python benchmarks/bench_engine.py --mismatch --batch 16 --new-tokens 64
+    .venv/bin/python benchmarks/bench_engine.py --decode-table --device cuda --dtype bfloat16
+    .venv/bin/python benchmarks/bench_engine.py --decode-table --batches 1,4 --new-tokens 16   # CPU
 """
 
 from __future__ import annotations
@@ -127,6 +135,67 @@ def throughput(args: argparse.Namespace) -> dict[str, float]:
     return res
 
 
+@torch.inference_mode()
+def decode_table(model: str = "tiny-qwen3-moe", *, device: str = "cuda", batches: tuple[int, ...] = (1, 32, 256),
+                 prompt_len: int = 32, new_tokens: int = 128, dtype: str = "bfloat16",
+                 repeats: int = 3) -> dict[str, float]:
+    """Greedy decode throughput, generated tokens per second (prefill included), per batch size:
+    ``{"batch 32 minirl graphs": ..., "batch 32 minirl eager": ..., "batch 32 hf dynamic": ...,
+    "batch 32 hf static": ..., "batch 32 graphs / hf static": ...}``. ``minirl graphs`` is
+    timed on CUDA only (on CPU the engine decodes eagerly whatever it is asked). Each side runs
+    one warm-up (graph capture, HF's static cache allocation), then the best of ``repeats``."""
+    import transformers
+
+    path, torch_dtype = _zoo_path(model), getattr(torch, dtype)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
+    configs = {}
+    for cache in ("dynamic", "static"):  # eos None: HF's ignore_eos
+        configs[cache] = copy.deepcopy(hf.generation_config)
+        configs[cache].update(do_sample=False, max_new_tokens=new_tokens, use_cache=True, eos_token_id=None,
+                              pad_token_id=hf.config.pad_token_id,
+                              cache_implementation="static" if cache == "static" else None)
+    graph_modes = (True, False) if torch.device(device).type == "cuda" else (False,)
+    engines = {f"minirl {'graphs' if g else 'eager'}": Engine.from_pretrained(
+        path, dtype=torch_dtype, knobs=Knobs.typical_inference(), device=device, cuda_graphs=g) for g in graph_modes}
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    out: dict[str, float] = {}
+    for batch in batches:
+        prompts = torch.randint(3, hf.config.vocab_size, (batch, prompt_len),
+                                generator=torch.Generator().manual_seed(batch))  # [B, P]
+        ids = prompts.to(device)
+        sides = {f"hf {cache}": _synced(lambda config=config: hf.generate(
+            ids, generation_config=config, attention_mask=torch.ones_like(ids)), device)
+            for cache, config in configs.items()}
+        sides |= {side: _synced(lambda eng=eng: eng.generate(prompts.tolist(), params), device)
+                  for side, eng in engines.items()}
+        best = _best_times(sides, repeats)
+        for side, seconds in best.items():
+            out[f"batch {batch} {side}"] = batch * new_tokens / seconds
+        if "minirl graphs" in engines:
+            out[f"batch {batch} graphs / hf static"] = best["hf static"] / best["minirl graphs"]
+        out[f"batch {batch} eager / hf static"] = best["hf static"] / best["minirl eager"]
+    return out
+
+
+def _synced(fn: Callable[[], object], device: str) -> Callable[[], None]:
+    """``fn`` timed to the end of its device work (CUDA runs asynchronously)."""
+
+    def run() -> None:
+        fn()
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
+    return run
+
+
+def print_decode_table(res: dict[str, float]) -> None:
+    """One line per batch size: tokens/s of each side, then the ratios to transformers static."""
+    for batch in sorted({int(k.split()[1]) for k in res}):
+        cells = {k.split(" ", 2)[2]: v for k, v in res.items() if int(k.split()[1]) == batch}
+        print(f"batch {batch:4d}: " + " | ".join(f"{side} {v:.2f}x" if "/" in side else f"{side} {v:9.0f} tok/s"
+                                                for side, v in cells.items()))
+
+
 def _vllm(path: Path, args: argparse.Namespace):
     """An in-process vLLM on ``path``, or None (with the reason) when it cannot run here."""
     from minirl.vllm.llm import create_llm, unavailable_reason
@@ -194,8 +263,20 @@ def main(argv: list[str] | None = None) -> dict:
                     help="intra-op threads (1 is the steadiest on a shared CPU box)")
     ap.add_argument("--mismatch", action="store_true", help="measure typical vs aligned bf16 mismatch instead")
     ap.add_argument("--no-vllm", action="store_true", help="leave real vLLM out of the decode timing")
+    ap.add_argument("--decode-table", action="store_true",
+                    help="greedy decode tok/s: minirl eager/graphs vs transformers dynamic/static cache")
+    ap.add_argument("--device", default="cpu", help="--decode-table only: cpu or cuda")
+    ap.add_argument("--batches", default="1,32,256", help="--decode-table only: comma-separated batch sizes")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.decode_table:
+        res = decode_table(args.model, device=args.device, batches=tuple(int(b) for b in args.batches.split(",")),
+                           prompt_len=args.prompt_len, new_tokens=args.new_tokens, dtype=args.dtype,
+                           repeats=args.repeats)
+        print(f"{args.model} {args.dtype} greedy decode on {args.device}, prompt {args.prompt_len}, "
+              f"{args.new_tokens} new tokens, best of {args.repeats}")
+        print_decode_table(res)
+        return res
     return mismatch(args) if args.mismatch else throughput(args)
 
 

@@ -61,3 +61,15 @@ def test_minirl_score(benchmark, setup):
     engine, _, prompts = setup
     lps = benchmark(engine.score, prompts.tolist())
     assert len(lps) == len(prompts) and all(torch.isfinite(lp).all() for lp in lps)
+
+
+def test_decode_table_runs_on_cpu():
+    """``decode_table`` (what the GPU check times at batch 1/32/256) at CPU sizes: every side
+    is timed, and on CPU there is no graph column."""
+    from benchmarks.bench_engine import decode_table, print_decode_table
+
+    res = decode_table(device="cpu", batches=(1, 3), prompt_len=8, new_tokens=4, repeats=1)
+    sides = ("minirl eager", "hf dynamic", "hf static", "eager / hf static")
+    assert sorted(res) == sorted(f"batch {b} {s}" for b in (1, 3) for s in sides)
+    assert all(v > 0 for v in res.values())
+    print_decode_table(res)

@@ -70,9 +70,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, h, Sq, Sk]
     if causal:
         sq, sk = scores.shape[-2:]
-        mask = torch.ones(sq, sk, dtype=torch.bool).tril()
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
     if mask is not None:
-        scores = scores + torch.zeros(mask.shape, dtype=scores.dtype).masked_fill(
+        scores = scores + torch.zeros(mask.shape, dtype=scores.dtype, device=q.device).masked_fill(
             ~mask, torch.finfo(scores.dtype).min)
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, v).transpose(1, 2)

@@ -3,7 +3,11 @@
 Why flat: padding costs GEMM work and the taps must be flat anyway (one row per (request,
 position, step)). Only attention needs per-sequence structure; it gets ``pad_index`` to
 scatter flat tokens into a right-padded [B, S] block (prefill) or ``context_lens`` to mask
-the KV cache (decode).
+the KV cache (decode). Every tensor lives on the device of ``token_ids`` (the engine's).
+
+A *static* decode batch (``static_len`` set) is the shape a CUDA graph captures: it reads
+``static_len`` cache positions under a mask and writes K/V by index, so neither a shape nor a
+host-side value depends on the step (``engine.graphs``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class ForwardBatch:
     context_lens: torch.Tensor | None = None  # [B] tokens visible after this call (decode)
     span: tuple[int, int] | None = None  # (min, max) of ``positions`` (decode), known to the caller
     emit_rows: torch.Tensor | None = None  # rows that taps and routing capture see; None = all
+    static_len: int | None = None  # static decode: cache positions every step reads (the capacity)
 
     @property
     def n_seqs(self) -> int:
@@ -41,25 +46,29 @@ class ForwardBatch:
     @property
     def last_rows(self) -> torch.Tensor:
         """[B] flat index of each sequence's last token (whose logits predict the next one)."""
-        return torch.tensor(self.seq_lens).cumsum(0) - 1
+        return torch.tensor(self.seq_lens, device=self.token_ids.device).cumsum(0) - 1
 
     @cached_property
     def cache_index(self) -> torch.Tensor:
         """[N] KV-cache row of every token (computed once, used by every layer)."""
         assert self.cache_rows is not None
-        rows = torch.arange(self.cache_rows.start, self.cache_rows.stop)
-        return rows if self.decode else rows.repeat_interleave(torch.tensor(self.seq_lens))
+        device = self.token_ids.device
+        rows = torch.arange(self.cache_rows.start, self.cache_rows.stop, device=device)
+        return rows if self.decode else rows.repeat_interleave(torch.tensor(self.seq_lens, device=device))
 
     @property
     def uniform_position(self) -> int | None:
-        """The shared position of a decode step whose rows are all at the same position."""
-        if not self.decode:
+        """The shared position of a decode step whose rows are all at the same position (never
+        for a static batch: its positions are read on the device only)."""
+        if not self.decode or self.static_len is not None:
             return None
         assert self.span is not None
         return self.span[0] if self.span[0] == self.span[1] else None
 
     @property
     def max_context(self) -> int:
+        if self.static_len is not None:
+            return self.static_len
         assert self.span is not None
         return self.span[1] + 1
 
@@ -71,7 +80,7 @@ class ForwardBatch:
         assert lens is not None
         if self.uniform_position is not None:
             return None
-        return (torch.arange(self.max_context) < lens[:, None])[:, None, None, :]
+        return (torch.arange(self.max_context, device=lens.device) < lens[:, None])[:, None, None, :]
 
     def tap_meta(self) -> TapMeta:
         rows = self.emit_rows
@@ -81,8 +90,9 @@ class ForwardBatch:
 
     @classmethod
     def prefill(cls, seqs: list[list[int]], requests: list[int], *, cache_start: int | None,
-                step: int = 0, emit_last_only: bool = False) -> "ForwardBatch":
-        """Whole sequences from position 0 (prompt prefill, score, or recompute-mode decode)."""
+                device: torch.device, step: int = 0, emit_last_only: bool = False) -> "ForwardBatch":
+        """Whole sequences from position 0 (prompt prefill, score, or recompute-mode decode),
+        built on the host and copied to ``device`` once per tensor."""
         lens = [len(s) for s in seqs]
         ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
         positions = torch.cat([torch.arange(n) for n in lens])
@@ -90,7 +100,8 @@ class ForwardBatch:
         pad_index = None
         s_max = max(lens)
         if any(n != s_max for n in lens):
-            pad_index = torch.cat([b * s_max + torch.arange(n) for b, n in enumerate(lens)])
+            pad_index = torch.cat([b * s_max + torch.arange(n) for b, n in enumerate(lens)]).to(device)
+        ids, positions, request = ids.to(device), positions.to(device), request.to(device)
         rows = None if cache_start is None else slice(cache_start, cache_start + len(seqs))
         batch = cls(ids, positions, request, step, False, lens, rows, pad_index=pad_index)
         if emit_last_only:
@@ -105,3 +116,13 @@ class ForwardBatch:
         b = tokens.shape[0]
         return cls(tokens, positions, requests, step, True, [1] * b, cache_rows,
                    context_lens=positions + 1, span=span)
+
+    @classmethod
+    def static_decode(cls, tokens: torch.Tensor, positions: torch.Tensor, requests: torch.Tensor,
+                      capacity: int, step: int) -> "ForwardBatch":
+        """One token for each of the cache rows ``0..B-1`` (``tokens``/``positions`` [B], padding
+        rows included), attending over all ``capacity`` cached positions under the
+        ``context_lens`` mask: the same computation for every step, as a CUDA graph needs."""
+        b = tokens.shape[0]
+        return cls(tokens, positions, requests, step, True, [1] * b, slice(0, b),
+                   context_lens=positions + 1, static_len=capacity)

@@ -4,29 +4,32 @@ It loads the same HF checkpoint as the trainer and computes the way inference en
 (fused projections, fused add+RMSNorm, cached RoPE tables, KV-cache decode, batched
 sampling); every numerically relevant choice is a ``Knobs`` field. Generation runs a
 batched prefill, then one token per step for all live sequences; finished sequences leave
-the batch (their KV-cache rows are compacted away).
+the batch (their KV-cache rows are compacted away). The host decides what each step does
+(``scheduler``), the runner computes it on the engine's device (``runner``: CPU or CUDA, a
+decode step replayed as a CUDA graph where it can be, ``graphs``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 import kernels
 from minirl.engine import archs
-from minirl.engine.batch import ForwardBatch
 from minirl.engine.checkpoint import read_config, read_safetensors
 from minirl.engine.config import ModelSpec
 from minirl.engine.knobs import Knobs
-from minirl.engine.kv_cache import KVCache
-from minirl.engine.ops import resolve_dtype
+from minirl.engine.graphs import BUCKETS
+from minirl.engine.ops import resolve_device, resolve_dtype
+from minirl.engine.rollout import Rollout
+from minirl.engine.runner import ModelRunner
 from minirl.engine.sampling import SamplingParams, sample
+from minirl.engine.scheduler import Scheduler
 from minirl.engine.tap import Tap, TapHandle
 from minirl.engine.weight_map import WeightMap
-from minirl.engine.rollout import Rollout
 
 
 class Engine:
@@ -39,7 +42,9 @@ class Engine:
     """
 
     def __init__(self, config: dict, hf_weights: Mapping[str, torch.Tensor], *,
-                 dtype: str | torch.dtype = "float32", knobs: Knobs | None = None) -> None:
+                 dtype: str | torch.dtype = "float32", knobs: Knobs | None = None,
+                 device: str | torch.device = "cpu", cuda_graphs: bool = True) -> None:
+        device = resolve_device(device)
         self.config = config
         self.spec: ModelSpec
         self.spec, arch = archs.resolve(config)
@@ -48,23 +53,35 @@ class Engine:
             raise TypeError(f"knobs must be a minirl.Knobs (e.g. Knobs.aligned()); got {type(self.knobs).__name__}")
         self.dtype = resolve_dtype(dtype)
         self.knobs.validate(self.spec, self.dtype)
-        self.model = arch.model(self.spec, self.knobs, self.dtype)
+        self.model = arch.model(self.spec, self.knobs, self.dtype, device)
         self._weight_map = WeightMap(self.spec, arch.recipes(self.spec))
         self.model.load(self._weight_map.fuse(hf_weights))
-        self._taps: list[Callable] = []
+        self._taps: list[Tap] = []
+        self.runner = ModelRunner(self.model, self.knobs, self._taps, cuda_graphs)
         self.path: Path | None = None  # the checkpoint directory, when loaded from one
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: str | torch.dtype = "float32",
-                        knobs: Knobs | None = None, device: str | torch.device = "cpu") -> "Engine":
-        """Load ``config.json`` + safetensors from ``path``. Runs on CPU (``device="cpu"``)."""
-        if torch.device(device).type != "cpu":
-            raise NotImplementedError(f"device={device!r}: the minirl engine runs on CPU only for now")
+                        knobs: Knobs | None = None, device: str | torch.device = "cpu",
+                        cuda_graphs: bool = True) -> "Engine":
+        """Load ``config.json`` + safetensors from ``path`` onto ``device`` (``"cpu"``, ``"cuda"``,
+        ``"cuda:N"`` or a ``torch.device``). ``cuda_graphs``: replay decode steps as CUDA graphs
+        on a CUDA device where nothing forces them eager (``decode_path`` says which);
+        they change no knob, only the launch overhead (and the reduction order of a padded step)."""
+        device = resolve_device(device)  # a bad device fails before the weights are read
         config = read_config(path)
         archs.resolve(config)  # an unsupported model fails before its weights are read
-        engine = cls(config, read_safetensors(path), dtype=dtype, knobs=knobs)
+        engine = cls(config, read_safetensors(path), dtype=dtype, knobs=knobs, device=device,
+                     cuda_graphs=cuda_graphs)
         engine.path = Path(path)
         return engine
+
+    def to(self, device: str | torch.device) -> "Engine":
+        """Move the engine (weights, RoPE table) to ``device``; the next generate allocates its
+        KV cache and CUDA graphs there. Returns self."""
+        self.model.to(resolve_device(device))
+        self.runner = ModelRunner(self.model, self.knobs, self._taps, self.runner.cuda_graphs)
+        return self
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -79,6 +96,16 @@ class Engine:
     def moe_layers(self) -> list[int]:
         return list(self.spec.moe_layers)
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def decode_path(self) -> str:
+        """How the next generate decodes: ``"cuda graphs (buckets 1..256)"`` or ``"eager: <why>"``."""
+        reason = self.runner.eager_reason()
+        return f"cuda graphs (buckets 1..{BUCKETS[-1]})" if reason is None else f"eager: {reason}"
+
     def add_tap(self, fn: Tap) -> TapHandle:
         """Call ``fn(site, value, meta)`` at every site (aligntools.sites), prefill and decode."""
         self._taps.append(fn)
@@ -86,7 +113,8 @@ class Engine:
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, model_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
-        """In-place weight sync from the training model (HF names, either HF layout).
+        """In-place weight sync from the training model (HF names, either HF layout), on any
+        device: tensors are fused and rounded where they live, then copied device to device.
 
         Everything is validated before anything is copied: on a mismatch the error lists the
         first offending names and the engine keeps its old weights.
@@ -103,135 +131,82 @@ class Engine:
     # ------------------------------------------------------------------ scoring
     @torch.no_grad()
     def score(self, token_ids: list[list[int]]) -> list[torch.Tensor]:
-        """Prefill-only logprobs: for each sequence, float32 [len - 1] with entry ``t - 1`` =
-        raw log p(token t | tokens < t). The inference-side twin of the trainer's forward."""
+        """Prefill-only logprobs: for each sequence, float32 [len - 1] (on the host) with entry
+        ``t - 1`` = raw log p(token t | tokens < t). The inference-side twin of the trainer's forward."""
         self._check_sequences(token_ids, "token_ids", room=0)
-        out: list[torch.Tensor] = []
-        for group in self._groups(len(token_ids)):
-            seqs = token_ids[group]
-            batch = ForwardBatch.prefill(seqs, list(range(group.start, group.stop)), cache_start=None)
-            logits, _ = self.model.forward(batch, None, self._taps)  # [N, V]
-            logp = logits.float().log_softmax(-1)  # [N, V]
-            for s, lp in zip(seqs, logp.split(batch.seq_lens)):
-                out.append(lp[:-1].gather(1, torch.tensor(s[1:])[:, None])[:, 0])
-        return out
+        return self.runner.score(token_ids)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[Rollout]:
-        """Sample ``params.n`` continuations per prompt; one ``Rollout`` per sample, prompt-major."""
+        """Sample ``params.n`` continuations per prompt; one ``Rollout`` per sample, prompt-major.
+
+        schedule (``Scheduler``: live rows, budgets, stops, compaction) -> run (``ModelRunner``:
+        prefill, one decode step, on the device) -> sample -> postprocess (the rollouts, on the host).
+        """
         params = params if params is not None else SamplingParams()
         self._check_sequences(prompts, "prompts", room=1)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2 ** 62, ()))
         rows = [list(p) for p in prompts for _ in range(params.n)]  # rollout r -> its prompt
-        r_total, spec = len(rows), self.spec
-        stop_ids = torch.tensor(sorted(set(params.stop_token_ids)
-                                       | (set() if params.ignore_eos else set(spec.eos_token_ids))),
-                                dtype=torch.long)
-        plens = torch.tensor([len(p) for p in rows])  # [R]
-        budget = (spec.max_positions - plens).clamp(max=params.max_new_tokens)  # [R] new tokens allowed
-        t_max = int(budget.max())
-        recompute = self.knobs.decode == "recompute"
-        cache = None if recompute else self.model.new_cache(
-            r_total, int((plens + budget).max()), resolve_dtype(self.knobs.kv_cache_dtype, self.dtype))
+        dev, spec = self.device, self.spec
+        sched = Scheduler(rows, params, spec, dev)
+        r_total, t_max = len(rows), sched.t_max
+        cache = self.runner.new_cache(r_total, sched.capacity)
 
-        tokens = torch.zeros(r_total, t_max, dtype=torch.long)
-        logprobs = torch.zeros(r_total, t_max)
-        processed = torch.zeros(r_total, t_max) if params.return_processed_logprobs else None
-        routing = (torch.zeros(r_total, t_max, len(spec.moe_layers), spec.top_k, dtype=torch.long)
+        tokens = torch.zeros(r_total, t_max, dtype=torch.long, device=dev)
+        logprobs = torch.zeros(r_total, t_max, device=dev)
+        processed = torch.zeros(r_total, t_max, device=dev) if params.return_processed_logprobs else None
+        routing = (torch.zeros(r_total, t_max, len(spec.moe_layers), spec.top_k, dtype=torch.long, device=dev)
                    if spec.moe_layers else None)
-        n_gen = budget.clone()  # rows that end by length; a row that stops gets its count then
-        finish_stop = torch.zeros(r_total, dtype=torch.bool)
 
         if self.knobs.share_prefill and cache is not None and params.n > 1:
             # Each prompt once into cache rows 0..len(prompts)-1, then spread to its n samples.
             first = list(range(0, r_total, params.n))  # each prompt's first rollout (taps' request id)
-            logits, prompt_routing = self._prefill([list(p) for p in prompts], first, cache)
+            logits, prompt_routing = self.runner.prefill([list(p) for p in prompts], first, cache)
             owner = torch.arange(r_total) // params.n  # rollout -> its prompt's prefilled row
-            cache.keep(owner)
-            logits = logits[owner]
+            cache.keep(owner.to(dev))
+            logits = logits[owner.to(dev)]
             prompt_routing = None if prompt_routing is None else [prompt_routing[i] for i in owner.tolist()]
         else:
-            logits, prompt_routing = self._prefill(rows, list(range(r_total)), cache)  # [R, V], [P, n_moe, k]s
-        alive = torch.arange(r_total)  # rollout id of each live row (= its KV-cache row)
-        t, first_end = 0, int(budget.min())  # decode steps after which the first row ends by length
+            logits, prompt_routing = self.runner.prefill(rows, list(range(r_total)), cache)  # [R, V], [P, n_moe, k]s
+        alive = sched.alive.to(dev)  # rollout id of each live row (= its KV-cache row), on the device
         # inference_mode: no version counters or autograd keys on the step's temporaries (~15 %
         # of a decode step); what the loop writes to, and so what the rollouts hold, was
         # allocated above as normal tensors. trusted: the prefill validated the kernel arguments.
         with torch.inference_mode(), kernels.trusted():
-            while alive.numel():
-                tok, lp, plp = sample(logits, params, seed, alive, t)  # [B] each
+            while sched.running:
+                t = sched.t
+                tok, lp, plp = sample(logits, params, seed, sched.alive, t)  # [B] each
                 tokens[alive, t], logprobs[alive, t] = tok, lp
                 if processed is not None:
                     processed[alive, t] = plp
-                stopped = (tok[:, None] == stop_ids).any(-1) if stop_ids.numel() else None  # [B]
+                stopped = sched.stopped(tok)  # [B] or None, read after the next step is launched
                 # Feed the sampled tokens, including the final ones (R3 routing of every token).
-                logits, step_routing = self._feed(rows, alive, tokens, t, cache)
+                logits, step_routing = self.runner.decode(sched, alive, tokens, cache)
                 if routing is not None:
                     routing[alive, t] = step_routing
-                t += 1
-                if stopped is None and t < first_end:  # no row can have ended: no tensor reads
-                    continue
-                done = budget[alive] <= t  # [B]
-                if stopped is not None:
-                    finish_stop[alive] = stopped
-                    n_gen[alive[stopped]] = t
-                    done |= stopped
-                if bool(done.any()):
-                    keep = (~done).nonzero()[:, 0]
+                keep = sched.advance(stopped)
+                if keep is not None:
+                    keep = keep.to(dev)
                     alive, logits = alive[keep], logits[keep]
-                    if keep.numel():
-                        first_end = int(budget[alive].min())
-                        if cache is not None:
-                            cache.keep(keep)
+                    if keep.numel() and cache is not None:
+                        cache.keep(keep)
+        return self._rollouts(sched, tokens.cpu(), logprobs.cpu(), None if processed is None else processed.cpu(),
+                              None if routing is None else routing.cpu(), prompt_routing)
 
+    @staticmethod
+    def _rollouts(sched: Scheduler, tokens: torch.Tensor, logprobs: torch.Tensor, processed: torch.Tensor | None,
+                  routing: torch.Tensor | None, prompt_routing: list[torch.Tensor] | None) -> list[Rollout]:
+        """One ``Rollout`` per row from the host copies of the step buffers ([R, T_max, ...])."""
+        n_gen = sched.n_gen
         return [Rollout(
-            prompt_ids=rows[r], token_ids=tokens[r, : n_gen[r]].tolist(),
+            prompt_ids=sched.rows[r], token_ids=tokens[r, : n_gen[r]].tolist(),
             logprobs=logprobs[r, : n_gen[r]].clone(),
-            finish_reason="stop" if bool(finish_stop[r]) else "length",
+            finish_reason="stop" if bool(sched.finish_stop[r]) else "length",
             processed_logprobs=None if processed is None else processed[r, : n_gen[r]].clone(),
             routed_experts=None if routing is None else routing[r, : n_gen[r]].clone(),
             prompt_routed_experts=None if prompt_routing is None else prompt_routing[r],
-        ) for r in range(r_total)]
-
-    def _prefill(self, rows: list[list[int]], requests: list[int], cache: KVCache | None
-                 ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """Prefill ``rows`` (taps' request ids ``requests``) into cache rows 0..len(rows)-1 ->
-        (last-position logits [len(rows), V], per-row prompt routing [P, n_moe, k] or None)."""
-        logits, routing = [], []
-        for group in self._groups(len(rows)):
-            batch = ForwardBatch.prefill(rows[group], requests[group], cache_start=group.start)
-            lg, rt = self.model.forward(batch, cache, self._taps, logits_rows=batch.last_rows)
-            logits.append(lg)
-            if rt is not None:
-                routing += list(rt.split(batch.seq_lens))
-        return _cat(logits), (routing or None)
-
-    def _feed(self, rows: list[list[int]], alive: torch.Tensor, tokens: torch.Tensor, t: int,
-              cache: KVCache | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Decode step ``t + 1``: feed token ``t`` of every live row -> (next-token logits [B, V],
-        routing of the fed tokens [B, n_moe, k] or None). ``tokens`` is [R, T_max]."""
-        logits, routing = [], []
-        for group in self._groups(alive.numel()):
-            ids = alive[group]  # rollout ids
-            if cache is None:  # decode="recompute": the whole prefix again, as the trainer does
-                seqs = [rows[r] + tokens[r, : t + 1].tolist() for r in ids.tolist()]
-                batch = ForwardBatch.prefill(seqs, ids.tolist(), cache_start=None, step=t + 1,
-                                             emit_last_only=True)
-                lg, rt = self.model.forward(batch, None, self._taps, logits_rows=batch.last_rows)
-            else:
-                starts = [len(rows[r]) for r in ids.tolist()]  # prompt lengths
-                batch = ForwardBatch.decode_step(tokens[ids, t], torch.tensor(starts) + t, ids, group, t + 1,
-                                                 span=(min(starts) + t, max(starts) + t))
-                lg, rt = self.model.forward(batch, cache, self._taps)
-            logits.append(lg)
-            if rt is not None:
-                routing.append(rt)
-        return _cat(logits), (_cat(routing) if routing else None)
-
-    def _groups(self, n: int) -> list[slice]:
-        """Batches of rows computed together: all at once, or one by one when batch-invariant."""
-        return [slice(i, i + 1) for i in range(n)] if self.knobs.batch_invariant else [slice(0, n)]
+        ) for r in range(len(sched.rows))]
 
     def _check_sequences(self, seqs: list[list[int]], what: str, room: int) -> None:
         if not isinstance(seqs, list) or not all(isinstance(s, (list, tuple)) for s in seqs):
@@ -255,7 +230,3 @@ class Engine:
             if bad:
                 raise ValueError(f"{what}[{i}] has token ids outside [0, {vocab}): {bad[:5]}")
 
-
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat`` that does not copy the single part of an unsplit batch (every decode step)."""
-    return parts[0] if len(parts) == 1 else torch.cat(parts)

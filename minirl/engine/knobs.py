@@ -208,9 +208,6 @@ class Knobs:
             if getattr(self, name) not in kernels.variants(op):
                 raise ValueError(f"knob {name}={getattr(self, name)!r} is not a kernels {op} variant; "
                                  f"valid: {kernels.variants(op)}")
-            if getattr(self, name) == "triton":  # the engine runs on CPU, where Triton cannot launch
-                raise ValueError(f"knob {name}='triton' needs a GPU and the engine runs on CPU; use its "
-                                 f"torch twin {name}={kernels.TORCH_TWIN[op]!r} (same numerics)")
         for name in _DTYPE_KNOBS:
             resolve_dtype(getattr(self, name), torch.float32 if dtype is None else dtype)
         if self.tp < 1:

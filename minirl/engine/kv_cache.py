@@ -5,6 +5,9 @@ makes HF's DynamicCache slow), and reading rows ``0..B-1`` is a view, not a gath
 sequences finish, ``keep`` moves the survivors to the front once, instead of gathering
 the live rows in every layer of every step.
 
+The cache lives on the engine's device; under CUDA graphs one cache outlives the generate
+calls (``reset`` zeroes it), because a captured graph holds its buffers' addresses.
+
 The cache dtype is a knob (Ring-linear 5.2.1 "KV Cache"): values are rounded to it on
 write and widened back to the activation dtype on read.
 """
@@ -18,13 +21,22 @@ from minirl.engine.batch import ForwardBatch
 
 class KVCache:
     def __init__(self, n_layers: int, rows: int, capacity: int, n_kv: int, head_dim: int,
-                 dtype: torch.dtype, v_head_dim: int | None = None) -> None:
+                 dtype: torch.dtype, device: torch.device, v_head_dim: int | None = None) -> None:
         shape = (rows, n_kv, capacity, head_dim)
         v_shape = shape if v_head_dim is None else (rows, n_kv, capacity, v_head_dim)  # MLA: V != K dim
         # zeros, not empty: a shorter row's masked tail is still read, and 0 * NaN would be NaN
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
-        self.v = [torch.zeros(v_shape, dtype=dtype) for _ in range(n_layers)]
-        self.dtype = dtype
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(v_shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.dtype, self.rows, self.capacity = dtype, rows, capacity
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor of the cache (subclasses add their per-row state)."""
+        return [*self.k, *self.v]
+
+    def reset(self) -> None:
+        """Zero every buffer in place, for the next generate call (the addresses stay)."""
+        for t in self.buffers():
+            t.zero_()
 
     def write(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the batch's ``k``/``v`` [N, n_kv, head_dim] at each token's (row, position)."""
@@ -46,5 +58,5 @@ class KVCache:
     def keep(self, rows: torch.Tensor) -> None:
         """Move ``rows`` (in this order) to the front; the rest becomes free."""
         n = rows.shape[0]
-        for t in (*self.k, *self.v):
+        for t in self.buffers():
             t[:n] = t[rows]

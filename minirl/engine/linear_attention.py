@@ -46,7 +46,7 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     q, k = l2norm(q) * q.shape[-1] ** -0.5, l2norm(k)
     s = state.float()
     final = s.clone() if lens is not None else None
-    out = torch.empty(*v.shape, dtype=torch.float32)  # [B, S, h, dv]
+    out = torch.empty(*v.shape, dtype=torch.float32, device=v.device)  # [B, S, h, dv]
     for t in range(q.shape[1]):
         s = s * g[:, t, ..., None].exp()  # decay per key channel
         mem = (s * k[:, t, ..., None]).sum(dim=-2)  # [B, h, dv] what the state recalls for k_t

@@ -4,6 +4,8 @@ Layout per layer (vLLM style): fused ``qkv`` GEMM -> [QK-norm] -> RoPE -> attent
 -> fused add+RMSNorm -> fused ``gate_up`` GEMM -> SwiGLU -> down (or the MoE block) -> the next
 layer's fused add+RMSNorm. The residual stream only exists inside the fused norm calls, so
 the taps emit the residual those calls produce (``resid_mid``/``resid_post``), un-fused.
+
+Weights, the RoPE table and every tensor a forward allocates live on ``device`` (the engine's).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels.rope import cos_sin_table, rotate
 from minirl.engine.attention import attention
 from minirl.engine.batch import ForwardBatch
 from minirl.engine.config import ModelSpec
@@ -50,8 +53,8 @@ class LayerWeights:
 class Transformer:
     """Weights in the fused layout + the forward pass. Holds no per-request state."""
 
-    def __init__(self, spec: ModelSpec, knobs: Knobs, dtype: torch.dtype) -> None:
-        self.spec, self.knobs, self.dtype = spec, knobs, dtype
+    def __init__(self, spec: ModelSpec, knobs: Knobs, dtype: torch.dtype, device: torch.device) -> None:
+        self.spec, self.knobs, self.dtype, self.device = spec, knobs, dtype, device
         self.weight_dtype = resolve_dtype(knobs.weight_dtype, dtype)
         self.lm_head_dtype = resolve_dtype(knobs.lm_head_dtype, dtype)
         self.router_dtype = resolve_dtype(knobs.router_dtype, dtype)
@@ -59,8 +62,10 @@ class Transformer:
         self.norm = kernels.get("rmsnorm", knobs.rmsnorm)
         self.rope = kernels.get("rope", knobs.rope)
         self.rope_kw: dict = dict(theta=spec.rope_theta, rotary_dim=spec.rotary_dim, style="neox")
+        self.rope_table: torch.Tensor | None = None  # [max_positions, rotary_dim] (cached_table)
         if knobs.rope == "cached_table":
             self.rope_kw["cache_dtype"] = resolve_dtype(knobs.rope_cache_dtype, dtype)
+            self._build_rope_table()
         self.moe_cfg = MoEConfig(
             top_k=spec.top_k, renormalize=spec.renormalize,
             weights_in_logits_dtype=spec.topk_weights_in_logits_dtype, router_dtype=self.router_dtype,
@@ -79,18 +84,37 @@ class Transformer:
         return self.dtype
 
     def load(self, fused: dict[str, torch.Tensor]) -> None:
-        """Take fused tensors (any dtype): round to the weight dtype, store in the compute dtype.
+        """Take fused tensors (any dtype, any device): round to the weight dtype, store in the
+        compute dtype on the engine's device.
 
-        First call allocates; later calls copy in place (cheap weight sync, stable references).
+        First call allocates; later calls copy in place (cheap weight sync, stable references,
+        so captured CUDA graphs stay valid). Rounding runs where the tensor lives and ``copy_``
+        goes device to device: a trainer on the GPU syncs without a trip through host memory.
         """
         with torch.no_grad():
             if not self.w:
-                self.w = {n: self._rounded(n, t).to(self._store_dtype(n), copy=True).contiguous()
+                self.w = {n: self._rounded(n, t).to(device=self.device, dtype=self._store_dtype(n),
+                                                    copy=True).contiguous()
                           for n, t in fused.items()}
                 self.layers = [self._layer(i) for i in range(self.spec.n_layers)]
                 return
             for n, t in fused.items():
                 self.w[n].copy_(self._rounded(n, t))
+
+    def to(self, device: torch.device) -> None:
+        """Move the weights and the RoPE table to ``device`` (tied tensors stay one tensor)."""
+        moved: dict[int, torch.Tensor] = {}
+        self.w = {n: moved.setdefault(id(t), t.to(device)) for n, t in self.w.items()}
+        self.layers = [self._layer(i) for i in range(self.spec.n_layers)]
+        self.device = device
+        if self.rope_table is not None:
+            self._build_rope_table()
+
+    def _build_rope_table(self) -> None:
+        """vLLM's ``cos_sin_cache`` for every position the model has, on the engine's device: the
+        static (CUDA-graph) decode reads it without asking how far the positions reach."""
+        self.rope_table = cos_sin_table(self.spec.rope_theta, self.spec.rotary_dim, self.rope_kw["cache_dtype"],
+                                        self.device, self.spec.max_positions)
 
     def _rounded(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """``t`` as the engine uses it: quantized and dequantized (``Knobs.weights``) when it is
@@ -143,7 +167,7 @@ class Transformer:
                 emit(p + "resid_mid", residual)
                 emit(p + "mlp_norm", x)
 
-            delta, ids = self._mlp(x, lw, emit, p)
+            delta, ids = self._mlp(x, lw, emit, p, batch.static_len is not None)
             if ids is not None:
                 routing.append(ids if batch.emit_rows is None else ids[batch.emit_rows])
             if emit:
@@ -158,11 +182,12 @@ class Transformer:
             emit("logits", logits if logits_rows is None else self.lm_head(y))
         return logits, (torch.stack(routing, dim=1) if routing else None)
 
-    def _mlp(self, x: torch.Tensor, lw: LayerWeights, emit: Callable | None, p: str
+    def _mlp(self, x: torch.Tensor, lw: LayerWeights, emit: Callable | None, p: str, static: bool
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [N, H] -> (delta [N, H], routed expert ids [N, k] or None for a dense layer)."""
+        """x [N, H] -> (delta [N, H], routed expert ids [N, k] or None for a dense layer);
+        ``static``: no shape may depend on the routing (CUDA-graph decode)."""
         if lw.router is not None:
-            return moe_forward(x, lw.router, lw.experts_gate_up, lw.experts_down, self.moe_cfg, emit, p)
+            return moe_forward(x, lw.router, lw.experts_gate_up, lw.experts_down, self.moe_cfg, emit, p, static)
         return self._dense_mlp(x, lw.gate_up, lw.gate_up_bias, lw.down, lw.down_bias), None
 
     def _dense_mlp(self, x: torch.Tensor, gate_up: torch.Tensor, gate_up_bias: torch.Tensor | None,
@@ -173,7 +198,8 @@ class Transformer:
 
     def new_cache(self, rows: int, capacity: int, dtype: torch.dtype) -> KVCache:
         """The decode cache for ``rows`` sequences of up to ``capacity`` tokens, in ``dtype``."""
-        return KVCache(self.spec.n_layers, rows, capacity, self.spec.n_kv_heads, self.spec.head_dim, dtype)
+        return KVCache(self.spec.n_layers, rows, capacity, self.spec.n_kv_heads, self.spec.head_dim, dtype,
+                       self.device)
 
     def _attention(self, x: torch.Tensor, lw: LayerWeights, batch: ForwardBatch, cache: KVCache | None,
                    i: int, emit: Callable | None, p: str) -> torch.Tensor:
@@ -184,7 +210,7 @@ class Transformer:
         if lw.q_norm is not None:  # per-head QK-norm (Qwen3), before RoPE
             qk = torch.cat((self.norm(qk[:, :h], lw.q_norm, self.eps),
                             self.norm(qk[:, h:], lw.k_norm, self.eps)), dim=1)
-        qk = self.rope(qk, batch.positions, **self.rope_kw)  # q and k heads in one call, as vLLM
+        qk = self.apply_rope(qk, batch)  # q and k heads in one call, as vLLM
         q, k = qk[:, :h], qk[:, h:]  # [N, h, d], [N, kv, d]
         if emit:
             emit(p + "q", q.reshape(n, -1))
@@ -192,6 +218,17 @@ class Transformer:
             emit(p + "v", v.reshape(n, -1))
         o = attention(q, k, v, batch, cache, i, self.knobs.attention, self.scale)  # [N, h*d]
         return row_parallel_linear(o, lw.o, lw.o_bias, self.knobs.tp)
+
+    def apply_rope(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """RoPE of x [N, heads, d] at ``batch.positions`` with the ``rope`` knob's kernel. A static
+        batch with ``rope="cached_table"`` indexes the model's table directly: the kernel sizes its
+        table from ``positions.max()``, a host read a CUDA graph cannot hold (same table, same
+        ``rotate``, so the same numbers; tests/minirl/engine/test_engine_graphs.py holds them equal)."""
+        if batch.static_len is None or self.rope_table is None:
+            return self.rope(x, batch.positions, **self.rope_kw)
+        cos, sin = self.rope_table.index_select(0, batch.positions).chunk(2, dim=-1)  # [N, R/2] each
+        compute = torch.promote_types(x.dtype, self.rope_table.dtype)
+        return rotate(x, cos, sin, self.spec.rotary_dim, self.rope_kw["style"], compute)
 
     def lm_head(self, y: torch.Tensor) -> torch.Tensor:
         """[N, H] -> logits [N, V] in the lm_head dtype (Ring-linear 5.2.1 LM Head)."""

@@ -34,10 +34,12 @@ class MoEConfig:
 
 
 def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                cfg: MoEConfig, emit: Emit | None, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+                cfg: MoEConfig, emit: Emit | None, prefix: str, static: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, H] -> (out [N, H] in x.dtype, topk ids [N, k]).
 
     ``router_w`` [E, H] is stored in the router dtype; ``gate_up`` [E, 2I, H], ``down`` [E, H, I].
+    ``static``: shapes that do not depend on the routing (see ``experts_forward``).
     """
     logits = F.linear(x.to(cfg.router_dtype), router_w)  # [N, E] router dtype
     ids, weights = cfg.topk_fn(logits, cfg.top_k, scoring="softmax", renormalize=cfg.renormalize,
@@ -46,17 +48,24 @@ def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, 
         weights = weights.to(logits.dtype)  # transformers' Qwen3-MoE; fused MoE keeps fp32
     if emit:
         emit_routing(emit, prefix, logits, ids, weights)
-    return experts_forward(x, ids, weights, gate_up, down, cfg), ids
+    return experts_forward(x, ids, weights, gate_up, down, cfg, static), ids
 
 
 def experts_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-                    down: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
+                    down: torch.Tensor, cfg: MoEConfig, static: bool = False) -> torch.Tensor:
     """The routed experts of x [N, H] for ``ids``/``weights`` [N, k] -> [N, H] in x.dtype. Split
-    from the router so architectures with their own scoring (sigmoid + bias) share the dispatch."""
+    from the router so architectures with their own scoring (sigmoid + bias) share the dispatch.
+
+    ``static`` (a CUDA-graph decode step): padded batching with room for all N tokens per
+    expert, the most one expert can get (a token's k experts are distinct), so no shape is read
+    back from the routing."""
     n, k = ids.shape
     flat = ids.reshape(-1)  # [P] (token, slot) pairs, token-major
     seen = F.one_hot(flat, gate_up.shape[0]).cumsum(0)  # [P, E] pairs routed to each expert so far
-    groups = _Padded(flat, seen) if _padding_is_cheap(seen) else _Sorted(flat, seen[-1])
+    if static:
+        groups: _Padded | _Sorted = _Padded(flat, seen, cap=n)
+    else:
+        groups = _Padded(flat, seen) if _padding_is_cheap(seen) else _Sorted(flat, seen[-1])
     g = groups.group(x.repeat_interleave(k, dim=0))  # pair rows, grouped by expert
     h = silu_mul(groups.linear(g, gate_up), cfg.activation)  # [..., I]
 
@@ -82,10 +91,10 @@ class _Padded:
     """All experts in one batched GEMM over [E, cap, D] (rows past an expert's count are zero
     and never read back)."""
 
-    def __init__(self, flat: torch.Tensor, seen: torch.Tensor) -> None:
+    def __init__(self, flat: torch.Tensor, seen: torch.Tensor, cap: int | None = None) -> None:
         self.flat = flat
         self.pos = seen.gather(1, flat[:, None])[:, 0] - 1  # [P] row of each pair in its expert
-        self.shape = (seen.shape[1], int(seen[-1].max()))  # (E, cap)
+        self.shape = (seen.shape[1], int(seen[-1].max()) if cap is None else cap)  # (E, cap)
 
     def group(self, pairs: torch.Tensor) -> torch.Tensor:  # [P, D] -> [E, cap, D]
         out = pairs.new_zeros(*self.shape, pairs.shape[1])

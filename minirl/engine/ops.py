@@ -1,5 +1,5 @@
-"""Small numerics the engine owns (the rest comes from ``kernels``): dtype names, the
-row-parallel GEMM with tensor-parallel emulation, and the two SwiGLU flavours.
+"""Small numerics the engine owns (the rest comes from ``kernels``): dtype and device names,
+the row-parallel GEMM with tensor-parallel emulation, and the two SwiGLU flavours.
 """
 
 from __future__ import annotations
@@ -22,6 +22,31 @@ def resolve_dtype(name: str | torch.dtype, act: torch.dtype | None = None) -> to
         valid = sorted(DTYPES) + (["act"] if act is not None else [])
         raise ValueError(f"unknown dtype {name!r}; valid: {valid}")
     return DTYPES[name]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device`` -> the device the engine computes
+    on (``"cuda"`` pinned to the current index, so two spellings of one GPU compare equal)."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device such as 'cpu' or 'cuda'; got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'") from e
+    if dev.type == "meta":
+        raise ValueError("device='meta' holds no data and the engine computes with its weights; use 'cpu' or "
+                         "'cuda' (the checkpoint is read either way)")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: the minirl engine runs on 'cpu' or 'cuda'")
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but torch.cuda.is_available() is False (no GPU, or a CPU build "
+                         f"of torch); use device='cpu'")
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", index)
 
 
 def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, tp: int) -> torch.Tensor:

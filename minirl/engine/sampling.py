@@ -95,29 +95,32 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=16)
-def _row_keys(seed: int, rows: tuple[int, ...]) -> torch.Tensor:
-    """The step-independent part of the noise key of each row, [B] int64 (read-only). Cached:
-    a generate asks for the same rows every decode step, so each step mixes once, not three
-    times."""
-    seeds = torch.full((len(rows),), _i64(seed), dtype=torch.long)
-    return _mix(_mix(seeds) ^ torch.tensor(rows, dtype=torch.long))
+def _row_keys(seed: int, rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The step-independent part of the noise key of each row, [B] int64 on ``device``
+    (read-only). Cached: a generate asks for the same rows every decode step, so each step
+    mixes once, not three times, and copies nothing to the device."""
+    seeds = torch.full((len(rows),), _i64(seed), dtype=torch.long, device=device)
+    return _mix(_mix(seeds) ^ torch.tensor(rows, dtype=torch.long, device=device))
 
 
-def gumbel_noise(seed: int, rows: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """Gumbel(0, 1) noise [B, V] float32, a pure function of (seed, rows[b], step, token).
+def gumbel_noise(seed: int, rows: torch.Tensor, step: int, vocab: int,
+                 device: torch.device = torch.device("cpu")) -> torch.Tensor:
+    """Gumbel(0, 1) noise [B, V] float32 on ``device``, a pure function of (seed, rows[b], step,
+    token) whatever the device (integer mixing is exact everywhere; ``rows`` is read on the host).
 
     24 random bits per draw: the Gumbel tail is cut at ~17, which changes a token's sampling
     probability by < 1e-7 relative.
     """
-    base = _mix(_row_keys(seed, tuple(rows.tolist())) ^ step)  # [B]
-    bits = _mix(base[:, None] ^ torch.arange(vocab, dtype=torch.long)[None, :])  # [B, V]
+    base = _mix(_row_keys(seed, tuple(rows.tolist()), torch.device(device)) ^ step)  # [B]
+    bits = _mix(base[:, None] ^ torch.arange(vocab, dtype=torch.long, device=device)[None, :])  # [B, V]
     u = _srl(bits, 40).float().add_(0.5).mul_(2.0 ** -24)  # (0, 1), exact in float32
     return u.log_().neg_().log_().neg_()
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.Tensor,
            step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """logits [B, V] -> (token ids [B], raw logprobs [B] fp32, processed logprobs [B] or None).
+    """logits [B, V] -> (token ids [B], raw logprobs [B] fp32, processed logprobs [B] or None),
+    on the logits' device; ``rows`` [B] (the rollout ids, seeding the noise) stays on the host.
 
     Raw = log_softmax of the model's logits (pre temperature/top-k/top-p), what the
     trainer's forward computes; processed = under the distribution actually sampled from.
@@ -126,7 +129,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
     raw = z.log_softmax(-1)
     if params.temperature == 0:
         tokens = z.argmax(-1)
-        processed = torch.zeros(tokens.shape) if params.return_processed_logprobs else None
+        processed = torch.zeros(tokens.shape, device=z.device) if params.return_processed_logprobs else None
         return tokens, raw.gather(1, tokens[:, None])[:, 0], processed
     if params.temperature != 1:  # z / 1 == z exactly: skip a [B, V] op in the common case
         z = z / params.temperature
@@ -139,6 +142,6 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
         mass_before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
         drop = torch.zeros_like(z, dtype=torch.bool).scatter(1, idx, mass_before >= params.top_p)
         z = z.masked_fill(drop, float("-inf"))
-    tokens = gumbel_noise(seed, rows, step, z.shape[-1]).add_(z).argmax(-1)  # z + noise, in place
+    tokens = gumbel_noise(seed, rows, step, z.shape[-1], z.device).add_(z).argmax(-1)  # z + noise, in place
     processed = z.log_softmax(-1).gather(1, tokens[:, None])[:, 0] if params.return_processed_logprobs else None
     return tokens, raw.gather(1, tokens[:, None])[:, 0], processed

@@ -141,29 +141,27 @@ class HybridCache(KVCache):
     full-attention layer) plus, per linear layer, the conv window [rows, 3D, K-1] and the
     recurrent state [rows, h, dk, dv], all in the cache dtype."""
 
-    def __init__(self, spec: ModelSpec, rows: int, capacity: int, dtype: torch.dtype) -> None:
+    def __init__(self, spec: ModelSpec, rows: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         hs = spec.hybrid
         assert hs is not None
-        super().__init__(len(hs.full_layers), rows, capacity, spec.n_heads, spec.head_dim, dtype,
+        super().__init__(len(hs.full_layers), rows, capacity, spec.n_heads, spec.head_dim, dtype, device,
                          v_head_dim=hs.v_head_dim)
         n_lin, dk = len(hs.layer_types) - len(hs.full_layers), hs.linear_head_dim
-        self.conv = [torch.zeros(rows, 3 * hs.linear_heads * dk, hs.conv_kernel - 1, dtype=dtype)
+        self.conv = [torch.zeros(rows, 3 * hs.linear_heads * dk, hs.conv_kernel - 1, dtype=dtype, device=device)
                      for _ in range(n_lin)]
-        self.state = [torch.zeros(rows, hs.linear_heads, dk, dk, dtype=dtype) for _ in range(n_lin)]
+        self.state = [torch.zeros(rows, hs.linear_heads, dk, dk, dtype=dtype, device=device) for _ in range(n_lin)]
 
-    def keep(self, rows: torch.Tensor) -> None:
-        super().keep(rows)
-        n = rows.shape[0]
-        for t in (*self.conv, *self.state):
-            t[:n] = t[rows]
+    def buffers(self) -> list[torch.Tensor]:
+        return [*super().buffers(), *self.conv, *self.state]
 
 
 # ---------------------------------------------------------------------- model
 class BailingTransformer(Transformer):
     """The engine forward with BailingHybrid's attention kinds and router."""
 
-    def __init__(self, spec: ModelSpec, knobs: Knobs, dtype: torch.dtype) -> None:
-        super().__init__(spec, knobs, dtype)
+    def __init__(self, spec: ModelSpec, knobs: Knobs, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(spec, knobs, dtype, device)
         assert spec.hybrid is not None
         self.hs = spec.hybrid
         # per-kind index of each layer into the cache's full-attention / linear lists
@@ -181,7 +179,7 @@ class BailingTransformer(Transformer):
         return not name.endswith(FP32_WEIGHTS) and super()._quantized(name, t)
 
     def new_cache(self, rows: int, capacity: int, dtype: torch.dtype) -> HybridCache:
-        return HybridCache(self.spec, rows, capacity, dtype)
+        return HybridCache(self.spec, rows, capacity, dtype, self.device)
 
     def _attention(self, x: torch.Tensor, lw: LayerWeights, batch: ForwardBatch, cache: KVCache | None,
                    i: int, emit: Callable | None, p: str) -> torch.Tensor:
@@ -200,7 +198,7 @@ class BailingTransformer(Transformer):
         kv_a = F.linear(x, w[p + "kv_a"])  # [N, r + rope]
         latent = self.norm(kv_a[:, :r], w[p + "kv_a_norm"], self.kv_eps)  # [N, r]
         rot = torch.cat((q[..., nope:], kv_a[:, None, r:]), dim=1)  # [N, h + 1, rope]
-        rot = self.rope(torch.cat((rot[..., 0::2], rot[..., 1::2]), dim=-1), batch.positions, **self.rope_kw)
+        rot = self.apply_rope(torch.cat((rot[..., 0::2], rot[..., 1::2]), dim=-1), batch)
         kv = F.linear(latent, w[p + "kv_b"]).view(n, h, nope + hs.v_head_dim)
         q = torch.cat((q[..., :nope], rot[:, :h]), dim=-1)  # [N, h, qk]
         k = torch.cat((kv[..., :nope], rot[:, h:].expand(n, h, rope_d)), dim=-1)  # [N, h, qk]
@@ -234,12 +232,12 @@ class BailingTransformer(Transformer):
             b, s = batch.n_seqs, batch.max_len
             xp = pad_rows(qkv, batch, b, s).transpose(1, 2)  # [B, 3D, S]
             padded = causal_conv(xp, w[p + "conv"], None).transpose(1, 2)  # [B, S, 3D]
-            lens = torch.tensor(batch.seq_lens)
-            state = torch.zeros(b, nh, dk, dk)
+            lens = torch.tensor(batch.seq_lens, device=x.device)
+            state = torch.zeros(b, nh, dk, dk, device=x.device)
             if cache is not None:
                 assert isinstance(cache, HybridCache)
                 tail = F.pad(xp, (k_size - 1, 0))  # [B, 3D, K-1+S]: window ends at each row's length
-                idx = lens[:, None] + torch.arange(k_size - 1)  # [B, K-1]
+                idx = lens[:, None] + torch.arange(k_size - 1, device=x.device)  # [B, K-1]
                 cache.conv[j][batch.cache_rows] = tail.gather(
                     2, idx[:, None, :].expand(b, tail.shape[1], k_size - 1)).to(cache.dtype)
         q, k, v = (t.reshape(*padded.shape[:2], nh, dk) for t in padded.chunk(3, dim=-1))  # [B, S, h, dk]
@@ -272,14 +270,14 @@ class BailingTransformer(Transformer):
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
         return (weight.float() * y * torch.sigmoid(gate.float())).to(o.dtype)
 
-    def _mlp(self, x: torch.Tensor, lw: LayerWeights, emit: Callable | None, p: str
+    def _mlp(self, x: torch.Tensor, lw: LayerWeights, emit: Callable | None, p: str, static: bool
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if lw.router is None:
-            return super()._mlp(x, lw, emit, p)
+            return super()._mlp(x, lw, emit, p, static)
         ids, weights, logits = self._route(x, lw.router, self.w[p + "router_bias"])
         if emit:
             emit_routing(emit, p, logits, ids, weights)
-        routed = experts_forward(x, ids, weights, lw.experts_gate_up, lw.experts_down, self.moe_cfg)
+        routed = experts_forward(x, ids, weights, lw.experts_gate_up, lw.experts_down, self.moe_cfg, static)
         shared = self._dense_mlp(x, self.w[p + "shared_gate_up"], None, self.w[p + "shared_down"], None)
         return routed + shared, ids
 
