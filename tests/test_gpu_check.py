@@ -34,18 +34,18 @@ CARD_ONLY = REPO / "benchmarks" / "gpu_check" / "card_only"
 
 
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory) -> tuple[dict, str]:
+def dry_run(tmp_path_factory) -> tuple[dict, str, Path]:
     out = tmp_path_factory.mktemp("gpu-check")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CARD_ONLY), str(REPO)])}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     report = json.loads((out / "report.json").read_text())
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    return report, proc.stdout
+    return report, proc.stdout, out
 
 
 def test_dry_run_runs_every_stage_and_reports_numbers(dry_run):
-    report, stdout = dry_run
+    report, stdout, _ = dry_run
     stages = {r["stage"]: r for r in report["stages"]}
     assert list(stages) == [s.name for s in STAGES]
     for name, r in stages.items():
@@ -62,8 +62,27 @@ def test_dry_run_stage_numbers_say_what_the_stages_checked(dry_run):
     ulps = [v for k, v in stages["kernels"].items() if k.endswith("max_ulp")]
     assert len(ulps) == 2 * (3 + len(dry_plan().router["experts"]))  # 4 ops (router per expert count) x 2 dtypes
     assert all(math.isfinite(u) for u in ulps)
-    assert stages["trainer"]["logprob_calls"].startswith("chunked=")  # CPU: the Triton kernel's torch twin
+    assert all(c.split("=")[0].endswith("/torch") for c in stages["gpu_rl"]["logprob calls"].split(", "))  # CPU
+    assert "beyond seed noise" in stages["gpu_rl"]["verdict"]
+    for arm in dry_plan().gpu_rl["arms"]:
+        assert stages["gpu_rl"][f"{arm} steps"] == dry_plan().gpu_rl["config"]["steps"]
+        assert stages["gpu_rl"][f"{arm} steps with grad norm > 0"] >= 1  # the warm-up gives the rewards variance
+        assert stages["gpu_rl"][f"{arm} median sync ms"] > 0
+    assert stages["engine"]["tiny-qwen3-moe aligned fp32 mean|dlogp|"] <= 1e-5
+    for batch in dry_plan().decode["batches"]:
+        assert stages["engine"][f"batch {batch} minirl / transformers static"] > 0
+    assert stages["engine"]["minirl cuda graphs"].startswith("skipped: ")  # said, not silently missing
     assert stages["tracker"]["sites"] > 0
+
+
+def test_dry_run_writes_the_rl_plot_and_steps_beside_the_report(dry_run):
+    report, out = dry_run[0], Path(dry_run[2])
+    rl = next(r for r in report["stages"] if r["stage"] == "gpu_rl")
+    assert rl["files"] == ["gpu_rl_steps.csv", "gpu_rl.png"]
+    assert (out / "gpu_rl.png").read_bytes().startswith(b"\x89PNG")
+    rows = (out / "gpu_rl_steps.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * dry_plan().gpu_rl["config"]["steps"]  # header + each arm's steps
+    assert "![gpu_rl.png](gpu_rl.png)" in (out / "report.md").read_text()
 
 
 def test_dry_run_imports_nothing_the_card_lacks_beyond_the_carried_wheels(dry_run):
@@ -73,7 +92,7 @@ def test_dry_run_imports_nothing_the_card_lacks_beyond_the_carried_wheels(dry_ru
 
     imported = {wheels._norm(d) for r in dry_run[0]["stages"] for d in r["imports"]} - {"mismatch-lab"}
     carried = {wheels._norm(c) for c in wheels.CARRIED}
-    assert imported - wheels.card_closure() <= carried
+    assert imported - wheels.card_closure() <= wheels.carried_names()
     plugins = {wheels._norm(e.dist.name) for e in entry_points(group="pytest11")}
     assert carried - imported <= plugins
 
@@ -183,12 +202,56 @@ def test_report_files_hold_every_number_and_error(tmp_path):
     assert "NotImplementedError: CPU only" in text and text.startswith("# GPU check\n")
 
 
+def test_a_stage_file_lands_in_the_report_folder_and_is_linked_from_the_report(tmp_path):
+    (tmp_path / "stages").mkdir()
+    rec = Recorder(tmp_path / "stages" / "gpu_rl.json", "gpu_rl")
+    rec.file("curves.png").write_bytes(b"png")
+    rec.file("steps.csv").write_text("a\n")
+    rec.finish()
+    result = json.loads((tmp_path / "stages" / "gpu_rl.json").read_text())
+    assert result["files"] == ["curves.png", "steps.csv"] and (tmp_path / "curves.png").is_file()
+    text = write_report([{**result, "budget_s": 1, "proves": "p"}], {"dry_run": True}, tmp_path)[1].read_text()
+    assert "![curves.png](curves.png)" in text and "[steps.csv](steps.csv)" in text
+
+
+# ---------------------------------------------------------------- the RL arms' numbers
+
+
+def _steps(rewards: list[float]) -> list[dict]:
+    return [{"reward": r} for r in rewards]
+
+
+def test_verdict_says_the_arms_differ_only_beyond_the_per_step_spread():
+    from benchmarks.gpu_check.rl_stage import verdict
+
+    apart = verdict({"grpo": _steps([0.2, 0.3, 0.2, 0.3]), "icepop": _steps([0.7, 0.8, 0.7, 0.8])}, window=4)
+    assert apart.endswith("the arms differ beyond seed noise") and "icepop 0.750 vs grpo 0.250" in apart
+    noisy = verdict({"grpo": _steps([0.0, 0.9, 0.1, 0.8]), "icepop": _steps([0.1, 1.0, 0.0, 0.9])}, window=4)
+    assert noisy.endswith("the arms do not differ beyond seed noise")
+    late = verdict({"grpo": _steps([0.9, 0.9, 0.2, 0.3]), "icepop": _steps([0.1, 0.1, 0.2, 0.3])}, window=2)
+    assert late.startswith("final 2 steps") and late.endswith("do not differ beyond seed noise")  # window only
+
+
+def test_routing_flips_count_expert_sets_not_their_order():
+    import torch
+
+    from benchmarks.gpu_check.rl_stage import routing_flips
+
+    mine = [torch.tensor([[[1, 2]], [[3, 4]]]), torch.tensor([[[5, 6]]])]  # [len, layers=1, k=2] each
+    same_sets = [torch.tensor([[[2, 1]], [[4, 3]]]), torch.tensor([[[6, 5]]])]
+    one_flip = [torch.tensor([[[1, 2]], [[3, 7]]]), torch.tensor([[[5, 6]]])]
+    assert routing_flips(mine, same_sets) == 0.0
+    assert routing_flips(mine, one_flip) == pytest.approx(1 / 3)
+
+
 # ---------------------------------------------------------------- what travels to the card
 
 
 def test_carried_wheels_are_pinned_as_requirements_txt_pins_them():
     lines = set((REPO / "requirements.txt").read_text().splitlines())
     assert set(wheels.pins()) <= lines and len(wheels.pins()) == len(wheels.CARRIED)
+    assert all(name and version.count(".") >= 1 for name, _, version in (a.partition("==") for a in wheels.ANCHORS))
+    assert {"liger-kernel", "cut-cross-entropy"} <= wheels.carried_names()
     with pytest.raises(ValueError, match="not-a-package.*not pinned"):
         wheels.pins(("not-a-package",))
 

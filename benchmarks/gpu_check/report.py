@@ -43,6 +43,8 @@ def markdown(results: list[dict], meta: dict) -> str:
         if r.get("metrics"):
             parts += ["| measure | value |", "|---|---|"]
             parts += [f"| {_cell(k)} | {_cell(fmt(v))} |" for k, v in r["metrics"].items()]
+        for name in r.get("files", []):
+            parts += ["", f"![{name}]({name})" if name.endswith(".png") else f"[{name}]({name})"]
         for label, error in r.get("errors", {}).items():
             parts += ["", f"**{label}**:", "```", error, "```"]
     return "\n".join(parts) + "\n"

@@ -46,8 +46,15 @@ class Recorder:
     def __init__(self, path: Path, stage: str) -> None:
         self.path = path
         self.data: dict[str, Any] = {"stage": stage, "status": "running", "started": time.time(),
-                                     "metrics": {}, "errors": {}}
+                                     "metrics": {}, "errors": {}, "files": []}
         self._write()
+
+    def file(self, name: str) -> Path:
+        """Where the stage writes a file of its own (a plot, a table) into the report folder,
+        named in the report; recorded before it is written, so a file cut short is still listed."""
+        self.data["files"].append(name)
+        self._write()
+        return self.path.parents[1] / name
 
     def put(self, key: str, value: float | int | str | bool | None) -> None:
         """One measured value (a number, or a short string such as a variant name)."""

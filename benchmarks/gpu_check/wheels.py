@@ -3,11 +3,14 @@
 A lent card has python3 3.12 with torch, triton, transformers (and what they depend on), numpy,
 pandas, xarray, h5py, numba, matplotlib, safetensors, pytest and pytest-benchmark, and no network.
 ``CARRIED`` is what the dry run imports beyond that (``tests/test_gpu_check.py`` keeps the list
-honest against the dry run's own import record), at the versions ``requirements.txt`` pins.
+honest against the dry run's own import record), at the versions ``requirements.txt`` pins;
+``ANCHORS`` are the kernels stage's reference implementations, pinned here (the lab does not use
+them, so ``requirements.txt`` does not list them).
 
     python -m benchmarks.gpu_check.wheels DIR     # download into DIR (``make gpu-wheels``)
 
-The same folder carries the zoo's tiny MoE, built here with the card's transformers (``zoo_dir``).
+The same folder carries the zoo's tiny MoE and the RL arms' SFT-warmed 16-layer MoE, built here
+with the card's transformers (``zoo_dir``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 CARD = ("torch", "triton", "transformers", "numpy", "pandas", "xarray", "h5py", "numba", "matplotlib",
         "safetensors", "pytest", "pytest-benchmark")
 CARRIED = ("h5netcdf", "pytest-timeout")
+#: Liger-Kernel's and Apple's Cut Cross-Entropy's fused linear cross-entropy: pure-Python wheels
+#: (Triton kernels, compiled on the card) that the kernels stage measures the fused logprobs against.
+ANCHORS = ("liger-kernel==0.8.5", "cut-cross-entropy==25.1.1")
 #: The card's transformers and the hub it needs: a zoo checkpoint records the transformers version
 #: that built it and is rebuilt under any other, so the carried zoo is built with these.
 CARD_TRANSFORMERS = ("transformers==5.17.0", "huggingface-hub>=1.5,<2")
@@ -51,18 +57,41 @@ def download(dest: Path) -> None:
     """Download the carried wheels (pure Python, for CPython 3.12) into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
-                    "--python-version", "3.12", "--no-deps", "-d", str(dest), *pins()], check=True)
+                    "--python-version", "3.12", "--no-deps", "-d", str(dest), *pins(), *ANCHORS], check=True)
 
 
-def build_card_zoo(dest: Path, models: tuple[str, ...]) -> None:
-    """Build the zoo ``models`` with the card's transformers into ``dest`` (``zoo_dir``), so
-    the card reuses them instead of training them again in its few minutes."""
+def carried_names() -> set[str]:
+    """Every distribution that travels as a wheel, by normalised name."""
+    return {_norm(n) for n in CARRIED} | {_norm(a.partition("==")[0]) for a in ANCHORS}
+
+
+def build_card_zoo(dest: Path) -> None:
+    """Build the card's zoo with the card's transformers into ``dest`` (``zoo_dir``; see
+    ``card_zoo``), so the card reuses it instead of training in its few minutes."""
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", tmp,
                         *CARD_TRANSFORMERS], check=True)
-        code = "import sys; from labs import zoo; [zoo.build(n, out=f'{sys.argv[1]}/{n}-seed0') for n in sys.argv[2:]]"
+        code = "import sys; from benchmarks.gpu_check.wheels import card_zoo; card_zoo(sys.argv[1])"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(REPO)])}
-        subprocess.run([sys.executable, "-c", code, str(dest), *models], env=env, check=True)
+        subprocess.run([sys.executable, "-c", code, str(dest)], env=env, check=True)
+
+
+def card_zoo(dest: str | os.PathLike) -> None:
+    """(Run under the card's transformers.) The card plan's zoo models that need no GGUF, and the
+    RL arms' SFT-warmed model without the base it was warmed from (both would not fit)."""
+    import shutil
+
+    from benchmarks.gpu_check.plan import gpu_plan
+    from benchmarks.gpu_check.rl_stage import rl_checkpoint
+    from labs import zoo
+
+    plan, root = gpu_plan(), Path(dest)
+    for name in plan.zoo_models:
+        if not zoo.SPECS[name].gguf:
+            zoo.build(name, out=root / f"{name}-seed0", progress=False)
+    rl_checkpoint(root, plan.gpu_rl)
+    if plan.gpu_rl["model"] not in plan.zoo_models:
+        shutil.rmtree(root / f"{plan.gpu_rl['model']}-seed0")
 
 
 def zoo_dir(wheels: Path) -> Path:
@@ -129,12 +158,9 @@ def card_closure() -> set[str]:
 
 
 def main(folder: Path) -> None:
-    """``make gpu-wheels``: the carried wheels, and the zoo models that need no GGUF, built for the card."""
-    from benchmarks.gpu_check.plan import gpu_plan
-    from labs import zoo
-
+    """``make gpu-wheels``: the carried wheels and anchors, and the card's zoo, built for the card."""
     download(folder)
-    build_card_zoo(zoo_dir(folder), tuple(m for m in gpu_plan().zoo_models if not zoo.SPECS[m].gguf))
+    build_card_zoo(zoo_dir(folder))
     total = size_mib(folder)
     built = sorted(p.name for p in zoo_dir(folder).iterdir())
     print(f"{folder}: {len(list(folder.glob('*.whl')))} wheels + zoo {built}, {total:.2f} MiB "

@@ -3,7 +3,7 @@
     PYTHONPATH=benchmarks/gpu_check/card_only python -m benchmarks.gpu_check --dry-run
 
 A module of an installed distribution outside the card's set (``wheels.CARD`` and their
-dependencies) and the carried wheels (``wheels.CARRIED``) is not found, as it would not be
+dependencies) and the carried wheels (``wheels.carried_names``) is not found, as it would not be
 there; the standard library and the project's own packages are untouched. pytest loads only the
 plugins the card has (plugins of hidden distributions would fail to import at its start).
 Why: the dry run then proves that the check needs nothing beyond the wheels that travel.
@@ -18,9 +18,9 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[3]))  # the repository, for the lists below
-from benchmarks.gpu_check.wheels import CARRIED, _norm, card_closure  # noqa: E402
+from benchmarks.gpu_check.wheels import _norm, card_closure, carried_names  # noqa: E402
 
-ALLOWED = card_closure() | {_norm(n) for n in CARRIED}
+ALLOWED = card_closure() | carried_names()
 OWNERS = {top: {_norm(d) for d in dists} for top, dists in packages_distributions().items()}
 os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 os.environ["PYTEST_PLUGINS"] = "pytest_benchmark.plugin,pytest_timeout"
