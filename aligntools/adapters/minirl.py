@@ -74,4 +74,4 @@ class MinirlAdapter(Adapter):
         return {"dtype": str(eng.dtype).removeprefix("torch."), "knobs": eng.knobs.to_dict(),
                 "model_hash": model_hash(model if isinstance(model, torch.nn.Module) else None,
                                          getattr(eng, "path", None)),
-                "model_path": getattr(eng, "path", None)}
+                "model_path": getattr(eng, "path", None), "unquantized": getattr(eng, "unquantized", {})}

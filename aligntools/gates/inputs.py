@@ -211,7 +211,8 @@ class InferSpec:
             from minirl.vllm.llm import engine_settings
 
             return engine_settings(engine)
-        return self.knobs.to_dict()
+        kept = engine.unquantized  # weights the quantization format cannot hold, in full precision
+        return {**self.knobs.to_dict(), **({"unquantized": ", ".join(sorted(kept))} if kept else {})}
 
 
 def follow_attention(train_attention: str | None) -> dict[str, str]:

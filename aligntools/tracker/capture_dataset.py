@@ -55,6 +55,12 @@ class Capture:
         return json.loads(self.dataset.attrs["knobs"])
 
     @property
+    def unquantized(self) -> dict[str, str]:
+        """Weights the engine's quantization format could not hold (name -> why), kept in full
+        precision; empty for an engine that quantizes nothing or everything it was asked to."""
+        return json.loads(self.dataset.attrs.get("unquantized", "{}"))
+
+    @property
     def versions(self) -> dict:
         return json.loads(self.dataset.attrs["versions"])
 

@@ -127,7 +127,8 @@ class Tracker:
                 "versions": json.dumps(library_versions()), "model_hash": info["model_hash"],
                 "row_hash": row_hash.SCHEME, "sites_requested": ",".join(self.sites),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                **({"model_path": str(path)} if path and os.path.isdir(path) else {})}
+                **({"model_path": str(path)} if path and os.path.isdir(path) else {}),
+                **({"unquantized": json.dumps(info["unquantized"])} if info.get("unquantized") else {})}
 
 
 def _load_partial(path: str | os.PathLike) -> Capture:

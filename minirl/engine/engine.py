@@ -11,6 +11,7 @@ decode step replayed as a CUDA graph where it can be, ``graphs``).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +31,8 @@ from minirl.engine.sampling import SamplingParams, sample
 from minirl.engine.scheduler import Scheduler
 from minirl.engine.tap import Tap, TapHandle
 from minirl.engine.weight_map import WeightMap
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -56,6 +59,11 @@ class Engine:
         self.model = arch.model(self.spec, self.knobs, self.dtype, device)
         self._weight_map = WeightMap(self.spec, arch.recipes(self.spec))
         self.model.load(self._weight_map.fuse(hf_weights))
+        if self.model.unquantized:
+            names = sorted(self.model.unquantized)
+            log.warning("weights=%s does not fit %d weights; they stay in full precision (Engine.unquantized "
+                        "says why): %s", self.knobs.weights, len(names),
+                        ", ".join(names[:6]) + (" ..." if len(names) > 6 else ""))
         self._taps: list[Tap] = []
         self.runner = ModelRunner(self.model, self.knobs, self._taps, cuda_graphs)
         self.path: Path | None = None  # the checkpoint directory, when loaded from one
@@ -99,6 +107,11 @@ class Engine:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def unquantized(self) -> dict[str, str]:
+        """Weights ``Knobs.weights`` could not apply to (name -> why), kept in full precision."""
+        return dict(self.model.unquantized)
 
     @property
     def decode_path(self) -> str:

@@ -26,7 +26,7 @@ from minirl.engine.kv_cache import KVCache
 from minirl.engine.knobs import Knobs
 from minirl.engine.moe import MoEConfig, moe_forward
 from minirl.engine.ops import resolve_dtype, row_parallel_linear, silu_mul
-from minirl.engine.quantize import fake_quantize
+from minirl.engine.quantize import fake_quantize, unfit
 
 
 @dataclass
@@ -55,6 +55,7 @@ class Transformer:
 
     def __init__(self, spec: ModelSpec, knobs: Knobs, dtype: torch.dtype, device: torch.device) -> None:
         self.spec, self.knobs, self.dtype, self.device = spec, knobs, dtype, device
+        self.unquantized: dict[str, str] = {}  # weight name -> why Knobs.weights could not apply to it
         self.weight_dtype = resolve_dtype(knobs.weight_dtype, dtype)
         self.lm_head_dtype = resolve_dtype(knobs.lm_head_dtype, dtype)
         self.router_dtype = resolve_dtype(knobs.router_dtype, dtype)
@@ -120,7 +121,11 @@ class Transformer:
         """``t`` as the engine uses it: quantized and dequantized (``Knobs.weights``) when it is
         a linear layer's weight, then rounded to the weight dtype."""
         if self.knobs.weights != "none" and self._quantized(name, t):
-            t = fake_quantize(t, self.knobs.weights, name)
+            why = unfit(self.knobs.weights, t.shape)
+            if why is None:
+                t = fake_quantize(t, self.knobs.weights, name)
+            else:  # kept in full precision and listed, as llama.cpp keeps a tensor no block fits
+                self.unquantized[name] = why
         return t.to(self._round_dtype(name))
 
     def _quantized(self, name: str, t: torch.Tensor) -> bool:

@@ -15,6 +15,10 @@ Every format scales along the last (input-feature) dimension, per output row:
   block's value of largest magnitude (sign kept), ``q = min(15, trunc(w / d + 8.5))`` with
   ``1 / d`` in fp32, and ``d`` stored in fp16, dequantized as ``(q - 8) * d``
   (ggml ``quantize_row_q4_0_ref`` / ``dequantize_row_q4_0``).
+
+A tensor a format cannot hold (``unfit``: int4 on a width that is not a multiple of 32) is
+kept in full precision by the engine and listed (``Engine.unquantized``), as llama.cpp keeps a
+tensor in F16 when no quantized block fits its rows; ``fake_quantize`` itself refuses it.
 """
 
 from __future__ import annotations
@@ -42,10 +46,17 @@ def fake_quantize(w: torch.Tensor, fmt: str, name: str = "weight") -> torch.Tens
         return _fp8_e4m3(x)
     if fmt == "int8":
         return _int8(x)
-    if x.shape[-1] % Q4_BLOCK:
-        raise ValueError(f"weights='int4' quantizes blocks of {Q4_BLOCK} input features, but {name} has "
-                         f"{x.shape[-1]} (shape {tuple(x.shape)}); use weights='int8' or 'fp8_e4m3' for this model")
+    if (why := unfit(fmt, x.shape)) is not None:
+        raise ValueError(f"weights={fmt!r}: {name} (shape {tuple(x.shape)}) {why}; use weights='int8' or "
+                         f"'fp8_e4m3' for it")
     return _q4_0(x)
+
+
+def unfit(fmt: str, shape: torch.Size | tuple[int, ...]) -> str | None:
+    """Why a weight of ``shape`` [..., out, in] cannot take ``fmt``, or None when it can."""
+    if fmt == "int4" and shape[-1] % Q4_BLOCK:
+        return f"has {shape[-1]} input features, not a multiple of int4's block of {Q4_BLOCK}"
+    return None
 
 
 def _row_scale(x: torch.Tensor, qmax: float) -> torch.Tensor:

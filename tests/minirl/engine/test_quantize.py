@@ -121,7 +121,8 @@ def test_none_is_the_identity_and_zero_rows_stay_zero():
 
 
 @pytest.mark.parametrize("w, fmt, message", [
-    (torch.zeros(4, 48), "int4", r"blocks of 32 input features, but L0.o has 48.*use weights='int8'"),
+    (torch.zeros(4, 48), "int4",
+     r"L0.o \(shape \(4, 48\)\) has 48 input features, not a multiple of int4's block of 32; use weights='int8'"),
     (torch.zeros(4, 32), "int3", r"weights='int3'.*valid: \['none', 'fp8_e4m3', 'int8', 'int4'\]"),
     (torch.zeros(32), "int8", r"L0.o: .*needs a matrix; got shape \(32,\)"),
 ])
