@@ -1,5 +1,5 @@
 """minirl: a compact RL engine - inference engine with alignment knobs, GRPO-family trainer,
-mismatch corrections (``minirl.corrections``: tis / mis / icepop), router replay, rollout-side
+mismatch corrections (``minirl.algorithms.corrections``: tis / mis / icepop), router replay, rollout-side
 algorithms (C3PO++, GRPO-RoC, ESPO, zero-variance handling), a tool sandbox, and async / Ray
 run modes (``minirl.scale_out``). Subpackages group them by concept (engine, vllm, algorithms,
 tasks, sandbox, training, scale_out; docs/architecture.md); modules are public by their own names
@@ -13,9 +13,6 @@ a Ray actor of the transfer queue, does not pay the ~4 s of importing torch and 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
 from typing import TYPE_CHECKING
 
 _EXPORTS = {"Engine": "minirl.engine", "Knobs": "minirl.engine", "SamplingParams": "minirl.engine",
@@ -25,47 +22,22 @@ _EXPORTS = {"Engine": "minirl.engine", "Knobs": "minirl.engine", "SamplingParams
             "trainer_logprobs": "minirl.training.trainer_forward",
             "check_output_file": "minirl.output_paths", "temp_sibling": "minirl.output_paths",
             "check_directory_takes_files": "minirl.output_paths", "OutputPathError": "minirl.output_paths"}
-_OLD_PATHS = ("advantages", "corrections", "espo", "losses")
-"""Module paths earlier releases documented as public (``minirl.corrections.icepop``,
-``minirl.losses.gspo_loss``, ...): the modules live in ``minirl.algorithms``; these names keep
-user imports working."""
-
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name in _OLD_PATHS:
-        value = importlib.import_module(f"{__name__}.{name}")  # through _OldPathFinder below
-    else:
+    if name not in _EXPORTS:
         raise AttributeError(f"module 'minirl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value  # the next lookup is a plain attribute
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS, *_OLD_PATHS})
+    return sorted({*globals(), *_EXPORTS})
 
-
-class _OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``import minirl.corrections`` (and the other old paths) gives the module in ``minirl.algorithms``."""
-
-    def find_spec(self, fullname, path, target=None):
-        package, _, name = fullname.rpartition(".")
-        return importlib.util.spec_from_loader(fullname, self) if package == __name__ and name in _OLD_PATHS else None
-
-    def create_module(self, spec):
-        return importlib.import_module(f"minirl.algorithms.{spec.name.rpartition('.')[2]}")
-
-    def exec_module(self, module) -> None:
-        """Nothing to run: ``create_module`` returned the imported module itself."""
-
-
-sys.meta_path.append(_OldPathFinder())
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from minirl.algorithms import advantages, corrections, espo, losses
     from minirl.engine import Engine, Knobs, SamplingParams
     from minirl.engine.checkpoint import read_config, read_safetensors
     from minirl.engine.rollout import Rollout

@@ -25,15 +25,12 @@ def test_every_front_door_name_resolves_to_its_module_attribute(name):
     assert value.__name__ == name and name in dir(minirl)
 
 
-def test_old_module_paths_are_the_algorithms_modules():
-    import minirl.advantages
-    import minirl.algorithms.corrections
-    import minirl.corrections
-    from minirl.losses import gspo_loss
-
-    assert minirl.corrections is minirl.algorithms.corrections
-    assert gspo_loss is minirl.algorithms.losses.gspo_loss and minirl.espo is minirl.algorithms.espo
-    assert sys.modules["minirl.advantages"] is minirl.algorithms.advantages
+@pytest.mark.parametrize("old", ["advantages", "corrections", "espo", "losses"])
+def test_no_alias_for_module_paths_that_never_shipped(old):
+    """0.1.0 is untagged: the algorithms live in ``minirl.algorithms`` and nowhere else."""
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"minirl.{old}")
+    assert importlib.import_module(f"minirl.algorithms.{old}")
 
 
 def test_an_unknown_name_is_an_attribute_error():

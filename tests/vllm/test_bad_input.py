@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import aligntools
+from minirl import EngineSpec
 from minirl.vllm import llm as vllm_engine
-from aligntools.gates.engine_spec import parse_engine_spec
 from tests.vllm.needs import needs_vllm
 
 
@@ -26,12 +26,12 @@ def test_missing_vllm_is_a_one_line_reason(monkeypatch, zoo):
 
 def test_unknown_spec_option_lists_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown vllm option 'kv_cache'.*max_model_len=<int>.*prefix_caching"):
-        parse_engine_spec("vllm:bfloat16,kv_cache=4")
+        EngineSpec.parse("vllm:bfloat16,kv_cache=4")
     with pytest.raises(ValueError, match="not a int"):
-        parse_engine_spec("vllm,max_model_len=big")
+        EngineSpec.parse("vllm,max_model_len=big")
     with pytest.raises(ValueError, match=r"'int8' is not a vllm dtype \(float32, bfloat16, float16\)"):
-        parse_engine_spec("vllm:int8")
-    spec = parse_engine_spec("vllm:bfloat16,max_model_len=128,prefix_caching=off")
+        EngineSpec.parse("vllm:int8")
+    spec = EngineSpec.parse("vllm:bfloat16,max_model_len=128,prefix_caching=off")
     assert (spec.kind, spec.dtype, spec.options) == ("vllm", "bfloat16", {"max_model_len": 128, "prefix_caching": False})
 
 

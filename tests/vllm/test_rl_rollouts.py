@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minirl.vllm.rollouts import VllmRollouts
-from aligntools.gates.engine_spec import load_hf
+from aligntools.adapters.build import load_hf
 from minirl import SamplingParams, train
 from minirl.training.trainer_forward import forward, trainer_logprobs
 from minirl.training.train_config import TrainConfig

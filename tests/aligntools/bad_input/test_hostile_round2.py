@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import aligntools
-from aligntools.gates.engine_spec import parse_engine_spec
 from aligntools.gates.inputs import GateUsageError
-from minirl import Knobs
+from minirl import EngineSpec, Knobs
 from minirl.training.rollout_engine import parse_knobs
 
 IDS = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
@@ -46,7 +45,7 @@ def test_check_alignment_refuses_token_ids_that_are_not_integers(llama, tokens, 
 def test_an_engine_spec_that_repeats_an_option_is_refused_by_name(spec, key):
     """Before: the last value won without a word (``tp=2,tp=4`` ran tp=4)."""
     with pytest.raises(ValueError, match=rf"engine spec '{spec}' sets option '{key}' more than once"):
-        parse_engine_spec(spec)
+        EngineSpec.parse(spec)
     if spec.startswith("minirl"):
         with pytest.raises(ValueError, match=rf"sets option '{key}' more than once \({key}=\w+,{key}=\w+\)"):
             parse_knobs(spec)
@@ -169,6 +168,6 @@ def test_mlab_checks_gpt2_ids_against_its_n_positions(gpt2, tmp_path, mlab):
 def test_hf_float64_is_a_dtype_like_the_help_says():
     """``--help`` calls the part after ``hf:`` a DTYPE and ``--dtype float64`` worked, yet
     ``hf:float64`` was refused as an unknown preset."""
-    assert parse_engine_spec("hf:float64").dtype == "float64"
+    assert EngineSpec.parse("hf:float64").dtype == "float64"
     with pytest.raises(ValueError, match=r"'float8' is not a hf dtype \(float32, bfloat16, float16, float64\)"):
-        parse_engine_spec("hf:float8")
+        EngineSpec.parse("hf:float8")

@@ -10,7 +10,6 @@ import pytest
 
 from aligntools import Capture
 from aligntools.cli.capture import register
-from aligntools.gates.engine_spec import parse_engine_spec
 from minirl import EngineSpec
 
 
@@ -29,7 +28,7 @@ from minirl import EngineSpec
     ("minirl:aligned,rmsnorm_eps=1e-5", ("minirl", None, "aligned", {"rmsnorm_eps": 1e-5})),
 ])
 def test_parse_engine_spec(spec, expected):
-    assert parse_engine_spec(spec) == EngineSpec(*expected)
+    assert EngineSpec.parse(spec) == EngineSpec(*expected)
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -43,7 +42,7 @@ def test_parse_engine_spec(spec, expected):
 ])
 def test_parse_engine_spec_errors(spec, message):
     with pytest.raises(ValueError, match=message):
-        parse_engine_spec(spec)
+        EngineSpec.parse(spec)
 
 
 def run_cli(argv: list[str]) -> int:

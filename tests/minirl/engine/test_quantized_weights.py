@@ -8,10 +8,9 @@ import pytest
 import torch
 
 import aligntools
-from aligntools.gates.engine_spec import parse_engine_spec
 from aligntools.gates.inputs import prepare_tokens
 from labs.cli import main
-from minirl import Engine, Knobs, read_safetensors
+from minirl import Engine, EngineSpec, Knobs, read_safetensors
 from minirl.engine.quantize import fake_quantize
 
 MOE = "tiny-qwen3-moe"
@@ -62,7 +61,7 @@ def test_unknown_format_names_the_valid_ones(zoo):
 
 
 def test_engine_spec_and_mlab_check_take_the_knob(zoo, capsys):
-    spec = parse_engine_spec("minirl:typical,weights=int4")
+    spec = EngineSpec.parse("minirl:typical,weights=int4")
     assert (spec.preset, spec.options) == ("typical", {"weights": "int4"})
     assert spec.knobs() == Knobs(weights="int4")
     assert main(["check", "--model", str(zoo(MOE)), "--infer", "minirl:typical,weights=int4", "--tokens", "96"]) == 1
