@@ -50,8 +50,20 @@ def _logprob_inputs(n: int, hidden: int, vocab: int, dtype: torch.dtype, device:
     return h, w, t
 
 
+def implementation(op: str, label: str) -> Callable:
+    """``"chunked"`` -> the torch implementation, ``"chunked/triton"`` -> the Triton one (forced)."""
+    name, _, impl = label.partition("/")
+    return kernels.get(op, name, impl=impl or "torch")
+
+
+def labels(op: str, device: str) -> list[str]:
+    """Every variant's torch implementation, plus its Triton one on CUDA."""
+    return [n if impl == "torch" else f"{n}/{impl}" for n in kernels.variants(op)
+            for impl in kernels.impls(op, n) if impl == "torch" or device == "cuda"]
+
+
 def _fwd_bwd(variant: str, h, w, t) -> None:
-    lp, ent = kernels.get("logprobs", variant)(h, w, t)
+    lp, ent = implementation("logprobs", variant)(h, w, t)
     (lp.sum() + 0.1 * ent.sum()).backward()
 
 
@@ -86,7 +98,7 @@ def peak_extra_bytes(variant: str, n: int, hidden: int, vocab: int, dtype: str, 
 
 
 def memory_report(n: int, hidden: int, vocab: int, dtype: str, device: str) -> dict[str, float]:
-    variants = ["naive", "chunked"] + (["triton"] if device == "cuda" else [])
+    variants = labels("logprobs", device)
     peaks = {v: peak_extra_bytes(v, n, hidden, vocab, dtype, device) for v in variants}
     rows = chunk_rows(vocab, None)
     print(f"\n## logprobs peak memory, forward+backward, N={n} H={hidden} V={vocab} {dtype} on {device}")
@@ -95,7 +107,7 @@ def memory_report(n: int, hidden: int, vocab: int, dtype: str, device: str) -> d
     ratios = {}
     for v, b in peaks.items():
         ratios[v] = b / peaks["naive"]
-        print(f"{v:>8}: peak extra {b / MiB:8.1f} MiB   ratio vs naive {ratios[v]:.3f}")
+        print(f"{v:>14}: peak extra {b / MiB:8.1f} MiB   ratio vs naive {ratios[v]:.3f}")
     return ratios
 
 
@@ -123,15 +135,15 @@ def timing_report(device: str, repeats: int) -> None:
     logits = torch.randn(4096, 64, generator=g).to(device, dt)
     h, lw, t = (a.detach() for a in _logprob_inputs(256, 256, 32_768, dt, device))
     cases: dict[str, tuple[str, Callable[[str], Callable[[], object]]]] = {
-        "rmsnorm [2048,1024] bf16 (+residual)": ("reference", lambda v: lambda: kernels.get("rmsnorm", v)(x, w, 1e-6, x)),
-        "rope [2048,8,128] bf16": ("reference", lambda v: lambda: kernels.get("rope", v)(q, pos, theta=1e6, rotary_dim=128)),
-        "router_topk [4096,64] k=8 bf16": ("stable", lambda v: lambda: kernels.get("router_topk", v)(logits, 8)),
-        "logprobs fwd N=256 H=256 V=32768 bf16": ("naive", lambda v: lambda: kernels.get("logprobs", v)(h, lw, t)),
+        "rmsnorm [2048,1024] bf16 (+residual)": ("reference", lambda v: lambda: implementation("rmsnorm", v)(x, w, 1e-6, x)),
+        "rope [2048,8,128] bf16": ("reference", lambda v: lambda: implementation("rope", v)(q, pos, theta=1e6, rotary_dim=128)),
+        "router_topk [4096,64] k=8 bf16": ("stable", lambda v: lambda: implementation("router_topk", v)(logits, 8)),
+        "logprobs fwd N=256 H=256 V=32768 bf16": ("naive", lambda v: lambda: implementation("logprobs", v)(h, lw, t)),
     }
     print(f"\n## median time on {device} ({repeats} repeats), ratio = time / baseline variant")
     for title, (baseline, make) in cases.items():
         op = title.split()[0]
-        names = [v for v in kernels.variants(op) if v != "triton" or device == "cuda"]
+        names = labels(op, device)
         ms = {v: _median_ms(make(v), repeats, sync) for v in names}
         cells = "  ".join(f"{v} {ms[v]:.2f}ms (x{ms[v] / ms[baseline]:.2f})" for v in names)
         print(f"{title}: {cells}")

@@ -40,25 +40,26 @@ def make_case(op: str, device: str, dtype: torch.dtype = torch.bfloat16):
     return lambda f: f(hidden, weight, targets)
 
 
-CPU_CASES = [(op, v) for op in kernels.ops() for v in kernels.variants(op) if v != "triton"]
+CPU_CASES = [(op, v) for op in kernels.ops() for v in kernels.variants(op)]
+TRITON_CASES = [(op, v) for op in kernels.ops() for v in kernels.variants(op) if "triton" in kernels.impls(op, v)]
 
 
 @pytest.mark.parametrize(("op", "variant"), CPU_CASES, ids=[f"{o}-{v}" for o, v in CPU_CASES])
 def test_cpu_torch_variant(benchmark, op, variant):
     benchmark.group = f"cpu {op}"
     call = make_case(op, "cpu")
-    out = benchmark(call, kernels.get(op, variant))
+    out = benchmark(call, kernels.get(op, variant, impl="torch"))
     assert out is not None
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("op", sorted(kernels.TORCH_TWIN))
+@pytest.mark.parametrize(("op", "variant"), TRITON_CASES, ids=[f"{o}-{v}" for o, v in TRITON_CASES])
 @pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_gpu_triton_vs_torch_eager(benchmark, op, impl):
-    benchmark.group = f"cuda {op}"
+def test_gpu_triton_vs_torch_eager(benchmark, op, variant, impl):
+    benchmark.group = f"cuda {op} {variant}"
     call = make_case(op, "cuda")
-    f = kernels.get(op, "triton" if impl == "triton" else kernels.TORCH_TWIN[op])
+    f = kernels.get(op, variant, impl=impl)
 
     def run():
         out = call(f)

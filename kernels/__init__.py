@@ -1,10 +1,12 @@
-"""Mismatch Lab kernels: each numerically relevant op as a torch reference, a Triton kernel and
-the named variants real engines use, switchable by name.
+"""Mismatch Lab kernels: each numerically relevant op as the named variants real engines use,
+switchable by name; a variant names numerics, the device picks torch or Triton.
 
     >>> import kernels
     >>> kernels.variants("rmsnorm")
-    ['bf16_compute', 'fp32_residual', 'fused_add', 'hf', 'reference', 'triton']
-    >>> y = kernels.get("rmsnorm", "hf")(x, w, 1e-6)
+    ['bf16_compute', 'fp32_residual', 'fused_add', 'hf', 'reference']
+    >>> y = kernels.get("rmsnorm", "hf")(x, w, 1e-6)  # Triton on CUDA tensors, torch elsewhere
+    >>> kernels.impls("rmsnorm", "hf")
+    ['torch', 'triton']
 
 Ops: ``rmsnorm``, ``rope``, ``router_topk``, ``logprobs`` (contracts in docs/architecture.md,
 variants in docs/kernels.md), plus ``replay_gate`` for router replay and ``trusted()``, a
@@ -19,9 +21,7 @@ from __future__ import annotations
 
 from . import logprobs, rmsnorm, rope, router  # noqa: F401  (registration happens on import)
 from ._checks import trusted
-from .dispatch import TORCH_TWIN, fast, fast_variant
-from .registry import get, ops, register, variants
+from .registry import get, impls, ops, register, variants
 from .router import replay_gate
 
-__all__ = ["TORCH_TWIN", "fast", "fast_variant", "get", "ops", "register", "replay_gate", "trusted",
-           "variants"]
+__all__ = ["get", "impls", "ops", "register", "replay_gate", "trusted", "variants"]

@@ -3,7 +3,7 @@
 Why lazy: ``import kernels`` must stay cheap and must work where triton is missing or
 broken, because transformers imports our package while probing for Hugging Face's
 ``kernels`` hub package (see tests/kernels/test_not_hf_kernels_hub.py). Triton is only
-imported the first time a ``triton`` variant runs.
+imported the first time a Triton implementation runs.
 
 Why the interpreter check: triton picks interpreter vs compiler when a ``@triton.jit``
 function is *decorated*, reading ``TRITON_INTERPRET`` from the environment. On a CPU tensor a
@@ -25,20 +25,16 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def load(module: str, *tensors: torch.Tensor, torch_variant: str) -> ModuleType:
-    """Import ``kernels.<module>`` (which imports triton) after checking it can launch.
-
-    ``torch_variant`` names the plain-torch variant with the same semantics, suggested in
-    the error when the kernel cannot run here.
-    """
+def load(module: str, *tensors: torch.Tensor) -> ModuleType:
+    """Import ``kernels.<module>`` (which imports triton) after checking it can launch here."""
     on_cpu = any(t.device.type == "cpu" for t in tensors)
     if on_cpu and not interpreting():
         raise RuntimeError(
-            "the 'triton' kernel variant got CPU tensors but TRITON_INTERPRET=1 is not set; "
-            "set it in the environment before triton is imported (slow, for tests), or use "
-            f"the {torch_variant!r} variant, which computes the same thing in plain torch"
+            "impl='triton' got CPU tensors but TRITON_INTERPRET=1 is not set; set it in the "
+            "environment before triton is imported (slow, for tests), or use impl='torch' (or the "
+            "default 'auto'), which computes the same numbers in plain torch"
         )
     try:
         return importlib.import_module(f"kernels.{module}")
-    except ImportError as exc:  # triton missing: say which variant to use instead
-        raise RuntimeError(f"triton is not importable ({exc}); use the {torch_variant!r} variant") from exc
+    except ImportError as exc:  # triton missing: say what to use instead
+        raise RuntimeError(f"triton is not importable ({exc}); use impl='torch' (same numerics)") from exc

@@ -15,8 +15,6 @@ GEMM rounds the logits to bf16, like ``nn.Linear`` would); everything after it (
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from . import _checks, _triton
@@ -84,9 +82,6 @@ def naive(
     return token_logp, entropy
 
 
-ForwardImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, int], tuple[torch.Tensor, ...]]
-
-
 def torch_forward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -117,8 +112,8 @@ class ChunkedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, rows: int, forward_impl: ForwardImpl):
-        token_logp, entropy, lse = forward_impl(hidden, weight, targets, temperature, rows)
+    def forward(ctx, hidden, weight, targets, temperature: float, rows: int):
+        token_logp, entropy, lse = torch_forward(hidden, weight, targets, temperature, rows)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.temperature, ctx.rows = temperature, rows
         return token_logp, entropy
@@ -142,7 +137,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_h[sl] = grad_z @ weight
             if need_w:
                 grad_w += (grad_z.T @ hidden[sl]).to(grad_w.dtype)
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
 
 
 @register("logprobs", "chunked")
@@ -162,11 +157,11 @@ def chunked(
     """
     check(hidden, weight, targets, temperature)
     rows = chunk_rows(weight.shape[0], chunk_size)
-    return ChunkedLogprobs.apply(hidden, weight, targets, temperature, rows, torch_forward)
+    return ChunkedLogprobs.apply(hidden, weight, targets, temperature, rows)
 
 
-@register("logprobs", "triton")
-def triton(
+@register("logprobs", "chunked", impl="triton")
+def chunked_triton(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
@@ -174,15 +169,17 @@ def triton(
     temperature: float = 1.0,
     chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused Triton forward (GEMM tiles + online log-sum-exp + entropy, logits never stored)
-    with the ``chunked`` recompute backward.
+    """Triton kernels computing ``chunked``: a split-vocabulary fused forward (tiled GEMM + online
+    log-sum-exp + entropy, merged across programs) and a backward that recomputes logit tiles.
 
-    Who: Liger-style fused linear + softmax kernels. The tile GEMM accumulates in fp32 and, for
-    bf16/fp16 inputs, rounds each logit to the input dtype like a cuBLAS GEMM output would, so
-    it matches ``chunked`` up to accumulation order. Its forward memory is O(N) beyond the
-    inputs. CUDA compiled; CPU only under ``TRITON_INTERPRET=1``, otherwise raises.
+    Who: Liger's fused linear cross-entropy and Apple's Cut Cross-Entropy do this for the loss;
+    this one returns logprob *and* entropy with both gradients (RL needs both). The tile GEMM
+    accumulates in fp32 and rounds each logit to the input dtype like a cuBLAS GEMM output, so
+    it matches ``chunked`` up to accumulation order. ``chunk_size`` sets the rows of the
+    backward's logit-gradient buffer (default: 256 MiB of it). Design: kernels/triton_logprobs.py.
     """
     check(hidden, weight, targets, temperature)
-    mod = _triton.load("triton_logprobs", hidden, torch_variant="chunked")
-    rows = chunk_rows(weight.shape[0], chunk_size)
-    return ChunkedLogprobs.apply(hidden, weight, targets, temperature, rows, mod.forward)
+    if chunk_size is not None:
+        chunk_rows(weight.shape[0], chunk_size)  # validates it
+    mod = _triton.load("triton_logprobs", hidden)
+    return mod.FusedLogprobs.apply(hidden, weight, targets, temperature, chunk_size)

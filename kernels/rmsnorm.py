@@ -12,6 +12,8 @@ returns ``y`` or, when ``residual`` is given, ``(y, new_residual)`` with
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from . import _checks, _triton
@@ -77,7 +79,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch
 
     Who: nobody ships exactly this; it is the yardstick. Called on float64 inputs it *is* the
     float64 ground truth every other variant is measured against. The residual sum is returned
-    in ``promote(x.dtype, residual.dtype)``. The Triton kernel computes the same thing.
+    in ``promote(x.dtype, residual.dtype)``.
     """
     check(x, weight, eps, residual)
     return _single_rounding(x, weight, eps, residual, *reference_dtypes(x, weight, residual))
@@ -169,14 +171,18 @@ def bf16_compute(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: to
     return y if residual is None else (y, h)
 
 
-@register("rmsnorm", "triton")
-def triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> Out:
-    """Triton kernel with ``reference`` semantics (fp32 math, one rounding, unrounded sum).
+def _triton_impl(numerics: str) -> Callable[..., Out]:
+    """The Triton implementation of torch variant ``numerics`` (one kernel, numerics a constexpr)."""
 
-    Who: the fused Triton RMSNorms of Liger/unsloth-style training stacks and of SGLang's
-    Triton backend compute this way: one program per row, fp32 registers, residual add fused.
-    Runs compiled on CUDA; on CPU only with ``TRITON_INTERPRET=1`` (tests), otherwise raises.
-    """
-    check(x, weight, eps, residual)
-    mod = _triton.load("triton_rmsnorm", x, torch_variant="reference")
-    return mod.rmsnorm(x, weight, eps, residual)
+    def run(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> Out:
+        check(x, weight, eps, residual)
+        return _triton.load("triton_rmsnorm", x).rmsnorm(x, weight, eps, residual, numerics=numerics)
+
+    run.__doc__ = (f"Triton kernel computing ``{numerics}`` (same roundings; the fp32 variance may sum in "
+                   "another order). Who: Liger/unsloth-style fused Triton RMSNorms of training stacks and "
+                   "SGLang's Triton backend: residual add fused, whole rows per program in registers.")
+    return run
+
+
+for _name in ("reference", "fp32_residual", "hf", "fused_add"):
+    register("rmsnorm", _name, impl="triton")(_triton_impl(_name))

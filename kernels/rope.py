@@ -15,6 +15,8 @@ neox pairs dim ``j`` with ``j + rotary_dim/2``; gptj pairs ``2j`` with ``2j + 1`
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from . import _checks, _triton
@@ -101,7 +103,7 @@ def fp32_compute(
     """cos/sin computed on the fly in fp32, rotation in fp32 registers, one rounding.
 
     Who: TransformerEngine's fused RoPE (Megatron training), FlashInfer's
-    ``apply_rope_pos_ids`` (SGLang), and our Triton kernel. Pinned to fp32 even for float64
+    ``apply_rope_pos_ids`` (SGLang). Pinned to fp32 even for float64
     inputs, so on float64 it shows the pure fp32-angle error against ``reference``.
     """
     check(x, positions, theta, rotary_dim, style)
@@ -180,16 +182,21 @@ def cached_table(
     return rotate(x, cos, sin, rotary_dim, style, torch.promote_types(x.dtype, cache_dtype))
 
 
-@register("rope", "triton")
-def triton(
-    x: torch.Tensor, positions: torch.Tensor, *, theta: float, rotary_dim: int, style: str = "neox"
-) -> torch.Tensor:
-    """Triton kernel with ``fp32_compute`` semantics (fp32 angles from the same fp32
-    ``inv_freq``, fp32 sin/cos and rotation, one rounding).
+def _triton_impl(numerics: str) -> Callable[..., torch.Tensor]:
+    """The Triton implementation of torch variant ``numerics`` (one kernel, numerics a constexpr)."""
 
-    Who: FlashInfer/SGLang-style on-the-fly RoPE kernels. CUDA compiled; CPU only under
-    ``TRITON_INTERPRET=1``, otherwise raises.
-    """
-    check(x, positions, theta, rotary_dim, style)
-    mod = _triton.load("triton_rope", x, torch_variant="fp32_compute")
-    return mod.rope(x, positions, theta=theta, rotary_dim=rotary_dim, style=style)
+    def run(
+        x: torch.Tensor, positions: torch.Tensor, *, theta: float, rotary_dim: int, style: str = "neox"
+    ) -> torch.Tensor:
+        check(x, positions, theta, rotary_dim, style)
+        mod = _triton.load("triton_rope", x)
+        return mod.rope(x, positions, theta=theta, rotary_dim=rotary_dim, style=style, numerics=numerics)
+
+    run.__doc__ = (f"Triton kernel computing ``{numerics}`` (the same fp32 angles; sin/cos within an fp32 "
+                   "ulp or two). Who: FlashInfer/SGLang-style on-the-fly RoPE kernels: all heads of a token "
+                   "in one program, cos/sin computed once per (token, frequency).")
+    return run
+
+
+for _name in ("fp32_compute", "hf"):
+    register("rope", _name, impl="triton")(_triton_impl(_name))

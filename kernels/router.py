@@ -133,8 +133,8 @@ def torch_topk(
     return ids, (renorm(w) if renormalize else w)
 
 
-@register("router_topk", "triton")
-def triton(
+@register("router_topk", "stable", impl="triton")
+def stable_triton(
     logits: torch.Tensor,
     k: int,
     *,
@@ -142,16 +142,15 @@ def triton(
     renormalize: bool = True,
     compute_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton kernel with ``stable`` semantics: scores, k rounds of arg-max with the lowest id
-    winning ties (``tie_break_left``), renormalisation, in one program per token.
+    """Triton kernel computing ``stable``: scores, k rounds of arg-max with the lowest id winning
+    ties (``tie_break_left``), renormalisation, a block of tokens per program.
 
-    Who: the fused gating kernels of inference engines (vLLM ``topk_softmax``, SGLang) fuse
-    these steps the same way; this one is tie-stable on purpose. ``compute_dtype`` fp32/float64
-    run natively; bf16/fp16 round the scores and the sum to that dtype like torch would.
-    CUDA compiled; CPU only under ``TRITON_INTERPRET=1``, otherwise raises.
+    Who: the fused gating kernels of inference engines (vLLM ``topk_softmax``, SGLang) fuse these
+    steps the same way; this one is tie-stable on purpose. ``compute_dtype`` fp32/float64 run
+    natively; bf16/fp16 round the scores and the sum to that dtype like torch would.
     """
     compute = check(logits, k, scoring, compute_dtype)
-    mod = _triton.load("triton_router", logits, torch_variant="stable")
+    mod = _triton.load("triton_router", logits)
     return mod.router_topk(logits, k, scoring=scoring, renormalize=renormalize, compute=compute)
 
 

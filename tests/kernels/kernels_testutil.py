@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+
+import kernels
 
 
 def ulp(dtype: torch.dtype) -> float:
@@ -29,3 +33,15 @@ def mean_abs_err(a: torch.Tensor, truth: torch.Tensor) -> float:
 def max_rel_err(a: torch.Tensor, truth: torch.Tensor) -> float:
     """max |a - truth| / max |truth| — a norm-wise relative error, stable near zeros."""
     return float((a.double() - truth.double()).abs().max() / truth.double().abs().max())
+
+
+def impl_cases(op: str, names: list[str]) -> list[str]:
+    """Every implementation of each variant in ``names`` as a test id: ``"hf"`` (torch) and
+    ``"hf/triton"`` when the variant has a Triton implementation."""
+    return [n if impl == "torch" else f"{n}/{impl}" for n in names for impl in kernels.impls(op, n)]
+
+
+def variant(op: str, case: str) -> Callable:
+    """The callable an ``impl_cases`` id names, its implementation forced (``"hf"`` -> torch)."""
+    name, _, impl = case.partition("/")
+    return kernels.get(op, name, impl=impl or "torch")

@@ -15,10 +15,17 @@ import kernels
 REPO = Path(__file__).resolve().parents[2]
 
 CONTRACT = {
-    "rmsnorm": ["bf16_compute", "fp32_residual", "fused_add", "hf", "reference", "triton"],
-    "rope": ["cached_table", "fp32_compute", "hf", "reference", "triton"],
-    "router_topk": ["stable", "torch", "triton", "unstable"],
-    "logprobs": ["chunked", "naive", "triton"],
+    "rmsnorm": ["bf16_compute", "fp32_residual", "fused_add", "hf", "reference"],
+    "rope": ["cached_table", "fp32_compute", "hf", "reference"],
+    "router_topk": ["stable", "torch", "unstable"],
+    "logprobs": ["chunked", "naive"],
+}
+#: variants that also have a Triton implementation (tested equal to the torch one through the interpreter)
+TRITON = {
+    "rmsnorm": ["fp32_residual", "fused_add", "hf", "reference"],
+    "rope": ["fp32_compute", "hf"],
+    "router_topk": ["stable"],
+    "logprobs": ["chunked"],
 }
 
 
@@ -48,12 +55,52 @@ def test_register_requires_a_docstring():
     assert "undocumented" not in kernels.variants("rmsnorm")
 
 
-def test_every_triton_kernel_has_a_torch_twin_and_cpu_dispatch_uses_it():
-    assert sorted(kernels.TORCH_TWIN) == kernels.ops()
-    for op, twin in kernels.TORCH_TWIN.items():
-        assert twin in kernels.variants(op)
-        assert kernels.fast_variant(op, "cpu") == twin
-        assert kernels.fast(op, torch.device("cpu")) is kernels.get(op, twin)
+def test_variants_name_numerics_and_list_their_implementations():
+    for op in kernels.ops():
+        for name in kernels.variants(op):
+            want = ["torch", "triton"] if name in TRITON[op] else ["torch"]
+            assert kernels.impls(op, name) == want, (op, name)
+            for impl in want:
+                assert "Who" in (kernels.get(op, name, impl=impl).__doc__ or ""), (op, name, impl)
+
+
+def test_auto_returns_the_torch_function_itself_without_a_triton_one():
+    """CPU callers (the engine's decode loop) pay nothing for the dispatch."""
+    assert kernels.get("rmsnorm", "bf16_compute") is kernels.get("rmsnorm", "bf16_compute", impl="torch")
+    auto = kernels.get("rmsnorm", "hf")
+    assert auto is not kernels.get("rmsnorm", "hf", impl="torch")
+    assert auto.__wrapped__ is kernels.get("rmsnorm", "hf", impl="torch")
+
+
+class _FakeCuda:
+    """Stands in for a CUDA tensor: the dispatch reads only ``is_cuda``."""
+
+    is_cuda = True
+
+
+def test_auto_runs_triton_on_cuda_tensors_and_torch_elsewhere():
+    from kernels import registry
+
+    run = registry._auto(lambda x: "torch", lambda x: "triton")
+    assert run(torch.ones(2)) == "torch"  # CPU: torch even under TRITON_INTERPRET (the interpreter is slow)
+    assert run(_FakeCuda()) == ("triton" if registry.triton_available() else "torch")
+    x, w = torch.randn(3, 8), torch.ones(8)
+    assert torch.equal(kernels.get("rmsnorm", "hf")(x, w, 1e-6), kernels.get("rmsnorm", "hf", impl="torch")(x, w, 1e-6))
+
+
+def test_forcing_a_missing_or_unknown_implementation_raises():
+    with pytest.raises(KeyError, match="bf16_compute.*no triton implementation.*\\['torch'\\]"):
+        kernels.get("rmsnorm", "bf16_compute", impl="triton")
+    with pytest.raises(ValueError, match="impl must be 'auto'"):
+        kernels.get("rmsnorm", "hf", impl="cuda")
+    with pytest.raises(KeyError, match="variants: "):
+        kernels.get("rmsnorm", "triton")  # a device is no longer a variant name
+
+    def orphan(x):
+        """Who: nobody; a Triton implementation without a torch variant."""
+
+    with pytest.raises(KeyError, match="before its Triton one"):
+        kernels.register("rmsnorm", "not_there", impl="triton")(orphan)
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -67,13 +114,13 @@ def test_import_does_not_import_triton_and_cpu_launch_without_interpreter_is_ref
         "import sys, torch, kernels\n"
         "assert 'triton' not in sys.modules, 'import kernels pulled in triton'\n"
         "try:\n"
-        "    kernels.get('rmsnorm', 'triton')(torch.ones(2, 4), torch.ones(4), 1e-6)\n"
+        "    kernels.get('rmsnorm', 'reference', impl='triton')(torch.ones(2, 4), torch.ones(4), 1e-6)\n"
         "except RuntimeError as e:\n"
         "    print(e)\n"
     )
     out = _python(code, TRITON_INTERPRET="0")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "TRITON_INTERPRET=1" in out.stdout and "'reference'" in out.stdout
+    assert "TRITON_INTERPRET=1" in out.stdout and "impl='torch'" in out.stdout
 
 
 def test_trusted_skips_checks_only_inside_the_block_and_changes_no_result():

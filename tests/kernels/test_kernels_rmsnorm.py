@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.kernels.kernels_testutil import max_rel_err, max_ulps, mean_abs_err, ulp
+from tests.kernels.kernels_testutil import impl_cases, max_rel_err, max_ulps, mean_abs_err, ulp
+from tests.kernels.kernels_testutil import variant as variant_fn
 
 import kernels
 
 TORCH_VARIANTS = ["reference", "hf", "fused_add", "fp32_residual", "bf16_compute"]
-ALL_VARIANTS = TORCH_VARIANTS + ["triton"]
+ALL_VARIANTS = impl_cases("rmsnorm", TORCH_VARIANTS)  # with "reference/triton", "hf/triton", ...
+TRITON_VARIANTS = [v for v in TORCH_VARIANTS if "triton" in kernels.impls("rmsnorm", v)]
 EPS = 1e-5
 
 
@@ -133,26 +135,50 @@ def test_fused_add_equals_hf_with_activation_dtype_weight():
     assert max_ulps(y_fa, y_hf, torch.bfloat16) <= 1
 
 
+@pytest.mark.parametrize("name", TRITON_VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_triton_matches_reference(dtype, with_residual):
+def test_triton_matches_torch(name, dtype, with_residual):
     x, w, r = data(dtype, shape=(2, 3, 40))  # 3-D input, H not a power of two
     args = (x, w, EPS, r) if with_residual else (x, w, EPS)
-    got = kernels.get("rmsnorm", "triton")(*args)
-    want = kernels.get("rmsnorm", "reference")(*args)
+    got = kernels.get("rmsnorm", name, impl="triton")(*args)
+    want = kernels.get("rmsnorm", name, impl="torch")(*args)
     got, want = (got, want) if with_residual else ((got,), (want,))
     for g, e in zip(got, want):
         assert g.dtype == e.dtype and g.shape == e.shape
         if dtype == torch.float32:
             assert torch.allclose(g, e, rtol=4 * ulp(dtype), atol=1e-7)
-        else:  # fp32 math in both; a one-ulp flip of the final rounding is the documented bound
+        else:  # same roundings in both; the fp32 variance's summation order may flip one by an ulp
             assert max_ulps(g, e, dtype) <= 1
 
 
-def test_triton_float64_matches_truth():
+def test_triton_hf_keeps_torch_promotion_with_fp32_weight():
+    x, w, r = data(torch.bfloat16, shape=(5, 40))
+    got = kernels.get("rmsnorm", "hf", impl="triton")(x, w.float(), EPS, r)
+    want = kernels.get("rmsnorm", "hf", impl="torch")(x, w.float(), EPS, r)
+    assert got[0].dtype == want[0].dtype == torch.float32 and torch.equal(got[1], want[1])
+    assert torch.allclose(got[0], want[0], rtol=4 * ulp(torch.float32), atol=0)
+
+
+def test_triton_rows_per_program_cover_every_row():
+    """Many narrow rows: a program owns several rows, and the last program a partial block."""
+    x, w, r = data(torch.float32, shape=(301, 8))
+    for name in TRITON_VARIANTS:
+        got = kernels.get("rmsnorm", name, impl="triton")(x, w, EPS, r)
+        want = kernels.get("rmsnorm", name, impl="torch")(x, w, EPS, r)
+        assert torch.equal(got[1], want[1])
+        assert torch.allclose(got[0], want[0], rtol=4 * ulp(torch.float32), atol=1e-7), name
+
+
+@pytest.mark.parametrize("name", TRITON_VARIANTS)
+def test_triton_float64_matches_torch(name):
     x, w, r = data(torch.float64, shape=(4, 24))
-    y, _ = kernels.get("rmsnorm", "triton")(x, w, EPS, r)
-    assert torch.allclose(y, truth(x, w, EPS, r), rtol=1e-13, atol=0)
+    y, new_r = kernels.get("rmsnorm", name, impl="triton")(x, w, EPS, r)
+    y_t, new_r_t = kernels.get("rmsnorm", name, impl="torch")(x, w, EPS, r)
+    assert y.dtype == y_t.dtype and torch.equal(new_r, new_r_t)
+    assert torch.allclose(y, y_t, rtol=1e-6 if name != "reference" else 1e-13, atol=0)
+    if name == "reference":
+        assert torch.allclose(y, truth(x, w, EPS, r), rtol=1e-13, atol=0)
 
 
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
@@ -161,7 +187,7 @@ def test_non_contiguous_input_is_handled(variant):
     xt, rt = x.T, r.T  # [6, 48] views with stride (1, 6)
     assert not xt.is_contiguous()
     w = torch.linspace(0.5, 1.5, 48)
-    f = kernels.get("rmsnorm", variant)
+    f = variant_fn("rmsnorm", variant)
     y, new_r = f(xt, w, EPS, rt)
     y_c, new_r_c = f(xt.contiguous(), w, EPS, rt.contiguous())
     # same values; torch may sum a strided row in another order, hence a few-ulp tolerance
@@ -173,14 +199,14 @@ def test_non_contiguous_input_is_handled(variant):
 def test_nan_propagates_to_its_row_only(variant):
     x, w, r = data(torch.float32, shape=(4, 32))
     x[1, 5] = float("nan")
-    y, new_r = kernels.get("rmsnorm", variant)(x, w, EPS, r)
+    y, new_r = variant_fn("rmsnorm", variant)(x, w, EPS, r)
     assert torch.isnan(y[1]).all() and torch.isnan(new_r[1, 5])
     assert torch.isfinite(y[[0, 2, 3]]).all()
 
 
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_bad_inputs_raise_with_names_and_shapes(variant):
-    f = kernels.get("rmsnorm", variant)
+    f = variant_fn("rmsnorm", variant)
     x, w, r = data(torch.float32, shape=(4, 32))
     with pytest.raises(ValueError, match=r"x\[4, 32\].*weight\[31\]"):
         f(x, w[:31], EPS)

@@ -6,10 +6,12 @@ import math
 
 import pytest
 import torch
+from tests.kernels.kernels_testutil import impl_cases
+from tests.kernels.kernels_testutil import variant as variant_fn
 
 import kernels
 
-ALL_VARIANTS = ["stable", "unstable", "triton"]
+ALL_VARIANTS = impl_cases("router_topk", ["stable", "unstable"])  # "stable/triton" too
 
 
 def truth(logits, k, scoring="softmax", renormalize=True):
@@ -60,16 +62,16 @@ def test_stable_matches_transformers_qwen3_moe_router(norm_topk_prob):
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_matches_float64_truth_without_ties(variant, scoring, renormalize):
     logits = random_logits(n=6)
-    ids, weights = kernels.get("router_topk", variant)(logits, 3, scoring=scoring, renormalize=renormalize)
+    ids, weights = variant_fn("router_topk", variant)(logits, 3, scoring=scoring, renormalize=renormalize)
     t_ids, t_w = truth(logits, 3, scoring, renormalize)
     assert ids.dtype == torch.int64 and weights.dtype == torch.float32
     assert torch.equal(ids, t_ids)
     assert torch.allclose(weights.double(), t_w, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("variant", ["stable", "triton"])
+@pytest.mark.parametrize("variant", ["stable", "stable/triton"])
 def test_stable_ties_go_to_lowest_id_and_survive_batch_permutation(variant):
-    f = kernels.get("router_topk", variant)
+    f = variant_fn("router_topk", variant)
     logits = tied_logits(n=12)
     ids, weights = f(logits, 3)
     assert torch.equal(ids, truth(logits, 3)[0])  # truth orders ties by id
@@ -117,8 +119,8 @@ def test_bf16_router_precision_changes_expert_choice():
 def test_triton_matches_stable(compute_dtype):
     logits = torch.cat([random_logits(n=5, e=12), tied_logits(n=3, e=12)])
     for scoring in ("softmax", "sigmoid"):
-        a = kernels.get("router_topk", "triton")(logits, 3, scoring=scoring, compute_dtype=compute_dtype)
-        b = kernels.get("router_topk", "stable")(logits, 3, scoring=scoring, compute_dtype=compute_dtype)
+        a = kernels.get("router_topk", "stable", impl="triton")(logits, 3, scoring=scoring, compute_dtype=compute_dtype)
+        b = kernels.get("router_topk", "stable", impl="torch")(logits, 3, scoring=scoring, compute_dtype=compute_dtype)
         assert torch.equal(a[0], b[0]) and a[1].dtype == b[1].dtype
         if compute_dtype is None:
             assert torch.allclose(a[1], b[1], rtol=2e-7, atol=0)
@@ -129,7 +131,7 @@ def test_triton_matches_stable(compute_dtype):
 def test_float64_logits_are_computed_in_float64():
     logits = random_logits(dtype=torch.float64)
     for variant in ALL_VARIANTS:
-        ids, w = kernels.get("router_topk", variant)(logits, 2)
+        ids, w = variant_fn("router_topk", variant)(logits, 2)
         t_ids, t_w = truth(logits, 2)
         assert w.dtype == torch.float64 and torch.equal(ids, t_ids)
         assert torch.allclose(w, t_w, rtol=1e-13, atol=0)
@@ -139,7 +141,7 @@ def test_float64_logits_are_computed_in_float64():
 def test_nan_logits_propagate_to_weights(variant):
     logits = random_logits(n=3)
     logits[1, 2] = float("nan")
-    _, w = kernels.get("router_topk", variant)(logits, 2)
+    _, w = variant_fn("router_topk", variant)(logits, 2)
     assert torch.isnan(w[1]).all() and torch.isfinite(w[[0, 2]]).all()
 
 
@@ -148,13 +150,13 @@ def test_non_contiguous_logits_are_handled(variant):
     logits = random_logits(n=8, e=6)
     lt = logits.T.contiguous().T
     assert not lt.is_contiguous()
-    a, b = kernels.get("router_topk", variant)(lt, 2), kernels.get("router_topk", variant)(logits, 2)
+    a, b = variant_fn("router_topk", variant)(lt, 2), variant_fn("router_topk", variant)(logits, 2)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_bad_inputs_raise(variant):
-    f = kernels.get("router_topk", variant)
+    f = variant_fn("router_topk", variant)
     logits = random_logits(n=4, e=8)
     with pytest.raises(ValueError, match=r"num_experts=8.*logits\[4, 8\].*got 9"):
         f(logits, 9)
