@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from minirl import SamplingParams
+from minirl.engine.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def create_llm(path: str | os.PathLike, dtype: str | None = None, **options: obj
     reason = unavailable_reason()
     if reason:
         raise VllmUnavailable(reason)
-    from minirl import EngineSpec
+    from minirl.engine.spec import EngineSpec
 
     dtype = EngineSpec("vllm", dtype, None, options).engine_dtype()  # unknown dtype / option: ValueError
     for key, value in ENV.items():

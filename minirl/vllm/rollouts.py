@@ -20,9 +20,10 @@ import os
 
 import torch
 
+from minirl.engine.rollout import Rollout
+from minirl.engine.sampling import SamplingParams
 from minirl.vllm.llm import create_llm, sync_weights
 from minirl.vllm.routing import RoutingRecorder
-from minirl import Rollout, SamplingParams
 
 
 class VllmRollouts:

@@ -321,7 +321,7 @@ def test_s16_memory_is_bounded_per_call_not_per_process() -> None:
     assert r.outcome == "stdout" and 1 <= int(r.text) <= 2, r
 
 
-def test_s22_after_a_timeout_nothing_of_the_call_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s22_s22b_after_a_timeout_nothing_of_the_call_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three concurrent calls, each with 20 children churning files, time out; when the parent's
     kill returns, the call's cgroup is empty and stays empty (listed twice, 30 ms apart), every
     call says "timeout" (never "error": nothing is left to clean up on the host), and the cgroups
