@@ -4,7 +4,14 @@ One entry = one function decorated with ``@reproduction(name, finding=..., paper
 ``small`` (quick sizes for tests and ``--small``) and returns an ``Outcome``: our number as text,
 datasets (written as netCDF) and figures (written as PNG). The runner times each entry, writes
 ``runs/reproduce/<name>/`` with ``summary.json`` (finding, paper, ours, command, wall seconds)
-and prints one table. To add one, write one more decorated function at the bottom of this file.
+and prints one table (also ``results.md``). To add one, write one more decorated function at the
+bottom of this file.
+
+An entry that claims something about learning runs ``SEEDS`` (``SMALL_SEEDS`` at ``--small``): one
+run says little (two seeds of the real-model recipe went opposite ways). Its ``Outcome.seeded``
+curves (dims ``seed``, ``step``) become ``bands`` in ``summary.json``: per step the mean over seeds,
+its 95 % t-interval and every seed's value; its text quotes them. The seeds share the task's
+held-out set (``train_seeds``), whose checksum the summary records.
 
     python -m labs.reproduce                 # every entry at full size
     python -m labs.reproduce --small         # quick sizes
@@ -15,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import math
 import sys
 import tempfile
 import time
@@ -23,14 +32,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import xarray as xr
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from minirl.quiet import quiet
+from minirl.training.plot import mean_ci
 
 OUT = Path("runs/reproduce")
+SEEDS = (0, 1, 2)  # each picks sampling, data order and init; the held-out set stays the task's one
+SMALL_SEEDS = (0, 1)  # --small: still two, so the interval is computed wherever the entry runs
+SPLIT_SEED = 0  # the train / held-out split every seed of an entry shares
 
 
 @dataclass
@@ -39,6 +53,8 @@ class Outcome:
     datasets: dict[str, xr.Dataset] = field(default_factory=dict)
     figures: dict[str, Figure] = field(default_factory=dict)
     numbers: dict[str, float] = field(default_factory=dict)  # machine-readable, into summary.json
+    seeded: dict[str, xr.DataArray] = field(default_factory=dict)  # (seed, step) curves -> summary "bands"
+    held_out_sha256: str | None = None  # the held-out set the seeded curves are scored on
 
 
 @dataclass(frozen=True)
@@ -80,15 +96,91 @@ def run_one(rep: Reproduction, out: Path = OUT, small: bool = False) -> dict:
         fig.savefig(folder / f"{key}.png", dpi=110)
     summary = {"name": rep.name, "finding": rep.finding, "paper": rep.paper, "ours": outcome.ours,
                "command": command(rep.name, small), "wall_s": round(wall, 1), "small": small,
-               "numbers": outcome.numbers, "files": sorted(p.name for p in folder.iterdir() if p.name != "summary.json")}
+               "numbers": outcome.numbers, "bands": {k: band(v) for k, v in outcome.seeded.items()},
+               "held_out_sha256": outcome.held_out_sha256,
+               "files": sorted(p.name for p in folder.iterdir() if p.name != "summary.json")}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def table(summaries: list[dict]) -> pd.DataFrame:
-    """The one table: finding, paper, ours, command, time."""
+    """The one table: finding, paper, ours, seeds (runs behind each curve), command, time."""
     return pd.DataFrame([{"finding": s["finding"], "paper": s["paper"], "ours": s["ours"],
+                          "seeds": max((len(b["seeds"]) for b in s["bands"].values()), default=1),
                           "command": s["command"], "time": f"{s['wall_s']:.0f} s"} for s in summaries])
+
+
+def markdown(summaries: list[dict]) -> str:
+    """``table`` as a markdown table (``results.md``; the README's findings table is copied from it)."""
+    t = table(summaries)
+    cells = [list(t.columns), ["---"] * len(t.columns), *t.astype(str).to_numpy().tolist()]
+    return "".join("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |\n" for row in cells)
+
+
+def band(curve: xr.DataArray) -> dict:
+    """A ``(seed, step)`` curve -> per step (where any seed has a value): the mean over seeds, its
+    95 % t-interval (Student t with n - 1 degrees of freedom: a handful of seeds is far from the
+    normal approximation; None with one seed) and each seed's value (None where it has none)."""
+    curve = curve.transpose("seed", "step")
+    values = curve.to_numpy().astype(np.float64)
+    keep = np.isfinite(values).any(axis=0)
+    values = values[:, keep]
+    per_step = [mean_ci(column) for column in values.T]
+    return {"seeds": [int(s) for s in curve["seed"].values], "step": [int(s) for s in curve["step"].values[keep]],
+            "mean": [m for m, _ in per_step], "ci95": [ci for _, ci in per_step],
+            "per_seed": {str(int(s)): [None if not math.isfinite(v) else float(v) for v in row]
+                         for s, row in zip(curve["seed"].values, values)}}
+
+
+def ci_text(mean: float, ci: list[float] | None, unit: str = "") -> str:
+    """``mean [lo, hi]`` (``mean_ci``'s or a band step's), for an entry's text."""
+    return f"{mean:.1f}{unit}" + ("" if ci is None else f" [{ci[0]:.1f}, {ci[1]:.1f}]")
+
+
+def band_figure(curves: dict[str, xr.DataArray], ylabel: str, title: str) -> Figure:
+    """One line per ``(seed, step)`` curve: the mean over seeds, its 95 % interval shaded (``band``)."""
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
+    for label, curve in curves.items():
+        b = band(curve)
+        line, = ax.plot(b["step"], b["mean"], marker="o", label=f"{label} ({len(b['seeds'])} seeds)")
+        shown = [(s, ci) for s, ci in zip(b["step"], b["ci95"]) if ci is not None]
+        if shown:
+            ax.fill_between([s for s, _ in shown], [ci[0] for _, ci in shown], [ci[1] for _, ci in shown],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    ax.set_title(title, fontsize="medium")
+    fig.tight_layout()
+    return fig
+
+
+def held_out_sha256(problems: list) -> str:
+    """Checksum of a held-out set (prompts and answers, in order): which problems a curve is scored on."""
+    return hashlib.sha256(json.dumps([[p.prompt, p.answer] for p in problems]).encode()).hexdigest()
+
+
+def train_seeds(cfg, seeds: tuple[int, ...]) -> tuple[xr.Dataset, str]:  # noqa: ANN001 - a TrainConfig
+    """Run ``cfg`` (``mode: sync``) once per seed on the task's one split (drawn with ``SPLIT_SEED``):
+    every seed is scored on the same held-out problems, so the band is the runs' spread, not the
+    held-out draws' (the seed alone would redraw the split). -> the run logs stacked on a ``seed``
+    dim (by step), the held-out set's ``held_out_sha256``."""
+    from minirl import tasks
+    from minirl.training import run_log
+    from minirl.training.trainer import Trainer
+
+    if cfg.mode != "sync":
+        raise ValueError(f"train_seeds runs the sync Trainer loop; mode={cfg.mode!r} is not supported")
+    split = tasks.splits(tasks.get(cfg.task, **cfg.task_kwargs), cfg.n_train, cfg.n_eval, SPLIT_SEED)
+    logs = []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory() as out:  # the run's checkpoint is not needed; its log comes back
+            trainer = Trainer(dataclasses.replace(cfg, seed=seed, out_dir=out))
+            trainer.train_set, trainer.eval_set = split
+            logs.append(run_log.to_dataset(trainer.run().rows).swap_dims(row="step"))
+    return xr.concat(logs, pd.Index(list(seeds), name="seed"), join="outer"), held_out_sha256(split[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,14 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [run_one(REGISTRY[n], args.out, args.small) for n in tqdm(names, desc="reproductions")]
     with pd.option_context("display.max_colwidth", 80, "display.width", 250):
         print(table(summaries).to_string(index=False))
-    print(f"outputs: {args.out}/<name>/ (summary.json, *.nc, *.png)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text(markdown(summaries))
+    print(f"outputs: {args.out}/<name>/ (summary.json, *.nc, *.png), {args.out}/results.md")
     return 0
 
 
-def _tail_mean(da: xr.DataArray, frac: float = 0.25) -> float:
-    """Mean over the last ``frac`` of the steps: where a training curve ends up."""
+def _tail_mean(da: xr.DataArray, frac: float = 0.25) -> xr.DataArray:
+    """Mean over the last ``frac`` of the steps (per seed, per arm): where a training curve ends up."""
     n = max(1, int(round(da.sizes["step"] * frac)))
-    return float(da.isel(step=slice(-n, None)).mean())
+    return da.isel(step=slice(-n, None)).mean("step")
 
 
 @reproduction("checklist", finding="Aligning each module closes the train-inference gap (Ring-linear §5.2.1 checklist)",
@@ -196,14 +290,21 @@ def _c3po_reward(small: bool) -> Outcome:
 def _roc(small: bool) -> Outcome:
     from labs import roc_lab
 
-    run = roc_lab.train(**(dict(steps=8, prompts_per_step=4, group_size=4) if small else {}))
-    err = run.curves["error_ratio_positives"]
-    start = {a: float(err.sel(arm=a).isel(step=slice(0, 3)).mean()) for a in ("GRPO", "GRPO-RoC")}
-    end = {a: _tail_mean(err.sel(arm=a)) for a in ("GRPO", "GRPO-RoC")}
-    ours = (f"scripted tabular policy, real sandbox: GRPO {start['GRPO']:.0%} -> {end['GRPO']:.0%}, "
-            f"GRPO-RoC {start['GRPO-RoC']:.0%} -> {end['GRPO-RoC']:.0%} (first 3 steps -> last quarter)")
-    return Outcome(ours, {"curves": run.curves}, {"roc_fig4": run.figure},
-                   {f"{a}_{k}": v[a] for k, v in (("start", start), ("end", end)) for a in v})
+    seeds = SMALL_SEEDS if small else SEEDS
+    runs = [roc_lab.train(**(dict(steps=8, prompts_per_step=4, group_size=4) if small else {}), seed=s) for s in seeds]
+    curves = xr.concat([r.curves for r in runs], pd.Index(list(seeds), name="seed"), combine_attrs="drop_conflicts")
+    err = 100 * curves["error_ratio_positives"]  # (seed, arm, step), %
+    arms = ("GRPO", "GRPO-RoC")
+    start = {a: mean_ci(err.sel(arm=a).isel(step=slice(0, 3)).mean("step").values) for a in arms}
+    end = {a: mean_ci(_tail_mean(err.sel(arm=a)).values) for a in arms}
+    ours = (f"scripted tabular policy, real sandbox, % tool errors in positives: "
+            + ", ".join(f"{a} {ci_text(*start[a])} -> {ci_text(*end[a])}" for a in arms)
+            + f" (first 3 steps -> last quarter; mean [95% CI] over {len(seeds)} seeds)")
+    seeded = {f"error_ratio_positives {a}": curves["error_ratio_positives"].sel(arm=a) for a in arms}
+    return Outcome(ours, {"curves": curves},
+                   {"roc_fig4": band_figure({a: err.sel(arm=a) for a in arms}, "tool-error ratio in positives (%)",
+                                            "GRPO vs GRPO-RoC")},
+                   {f"{a}_{k}": v[a][0] / 100 for k, v in (("start", start), ("end", end)) for a in arms}, seeded)
 
 
 @reproduction("router_replay", finding="R3 router replay shrinks the train-inference logprob gap of an MoE",
@@ -257,7 +358,7 @@ def _quantized_rollouts(small: bool) -> Outcome:
     # sample was ever right, every group had zero variance and no arm took a single gradient step
     ds = quant_lab.train_arms(**(dict(steps=2, prompts_per_step=2, group_size=4, max_new_tokens=4, n_eval=4,
                                       eval_every=1) if small else {}), progress=False)
-    acc = {(str(f), str(a)): _tail_mean(ds["eval_accuracy"].sel(weights=f, arm=a).dropna("step"))
+    acc = {(str(f), str(a)): float(_tail_mean(ds["eval_accuracy"].sel(weights=f, arm=a).dropna("step")))
            for f in ds["weights"].values for a in ds["arm"].values}
     grad = ds["grad_norm"].max("step")
     ours = "; ".join(f"{f}: " + ", ".join(f"{a} acc {acc[f, a]:.2f} (max grad {float(grad.sel(weights=f, arm=a)):.2g})"
@@ -313,45 +414,40 @@ REAL_MODEL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "real_m
               paper="Ring-1T §2.3.4 / Fig. 11: with IcePop, RL on a real model under the bf16 train-inference "
                     "mismatch keeps improving its benchmark score; no number at this scale")
 def _real_model_rl(small: bool) -> Outcome:
-    """``configs/real_model_rl.yaml`` as shipped (``--small``: 2 steps of 2 x 4 rollouts, 16 held-out
-    problems, so the whole path - zoo build, vLLM, trainer, evaluation - runs in minutes)."""
+    """``configs/real_model_rl.yaml`` as shipped, once per seed on one held-out set (``--small``: 2 steps
+    of 2 x 4 rollouts, 16 held-out problems, so the whole path - zoo build, vLLM, trainer, evaluation,
+    the band - runs in minutes)."""
     from labs import zoo
-    from minirl.training import run_log
-    from minirl.training.driver import train
     from minirl.training.train_config import TrainConfig
 
     sizes = dict(steps=2, prompts_per_step=2, group_size=4, max_new_tokens=16, n_eval=16, eval_every=1,
                  checkpoint_every=0) if small else {}
-    with tempfile.TemporaryDirectory() as out:  # the run's checkpoint is not needed; its log comes back
-        cfg = dataclasses.replace(TrainConfig.from_yaml(REAL_MODEL_CONFIG), model=str(zoo.build("smollm2-135m")),
-                                  out_dir=out, progress=False, **sizes)
-        log = run_log.to_dataset(train(cfg).rows)
-    acc = log["eval_accuracy"].swap_dims(row="step").dropna("step")
-    start, end = float(acc.isel(step=0)), float(acc.isel(step=-1))
+    cfg = dataclasses.replace(TrainConfig.from_yaml(REAL_MODEL_CONFIG), model=str(zoo.build("smollm2-135m")),
+                              progress=False, **sizes)
+    seeds = SMALL_SEEDS if small else SEEDS
+    log, checksum = train_seeds(cfg, seeds)
+    acc = 100 * log["eval_accuracy"].dropna("step", how="all")  # (seed, step), %
+    gain = mean_ci((acc.isel(step=-1) - acc.isel(step=0)).values)
+    start, end = mean_ci(acc.isel(step=0).values), mean_ci(acc.isel(step=-1).values)
+    per_seed = ", ".join(f"{float(acc.sel(seed=s).isel(step=0)):.1f} -> {float(acc.sel(seed=s).isel(step=-1)):.1f}"
+                         for s in seeds)
     step_s = float(sum(log[k] for k in log.data_vars if k.startswith("time_")).mean())  # rollout + learn + sync
-    ours = (f"held-out greedy accuracy {start:.1%} -> {end:.1%} ({100 * (end - start):+.1f} points) after "
+    ours = (f"held-out greedy accuracy {ci_text(*start, ' %')} -> {ci_text(*end, ' %')}, gain "
+            f"{ci_text(*gain, ' points')} (mean [95% CI] over {len(seeds)} seeds: {per_seed}) after "
             f"{int(acc['step'][-1])} of {cfg.steps} steps on {cfg.n_eval} problems; {step_s:.0f} s a step on this box")
     return Outcome(ours, {"metrics": log}, {"real_model_rl_curve": real_model_figure(log)},
-                   {"eval_accuracy_start": start, "eval_accuracy_end": end, "gain_points": 100 * (end - start),
-                    "step_s_mean": step_s})
+                   {"eval_accuracy_start": start[0] / 100, "eval_accuracy_end": end[0] / 100,
+                    "gain_points": gain[0], "step_s_mean": step_s},
+                   {"eval_accuracy": acc / 100, "reward": log["reward"]}, checksum)
 
 
 def real_model_figure(log: xr.Dataset) -> Figure:
-    """Held-out greedy accuracy per evaluated step, with the training reward (sampled at the
-    config's temperature) beside it: the reward moves first, the held-out curve is the claim."""
-    fig = Figure(figsize=(6, 3.6))
-    ax = fig.subplots()
-    by_step = log.swap_dims(row="step")
-    acc = by_step["eval_accuracy"].dropna("step")
-    ax.plot(acc["step"], 100 * acc, marker="o", label="held-out accuracy (greedy)")
-    ax.plot(by_step["step"], 100 * by_step["reward"], marker=".", alpha=0.6, label="training reward (sampled)")
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("%")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    ax.set_title("SmolLM2-135M-Instruct, GRPO + IcePop, vLLM bf16 rollouts")
-    fig.tight_layout()
-    return fig
+    """Held-out greedy accuracy where evaluated, with the training reward (sampled at the config's
+    temperature) beside it, each as its mean over seeds with the 95 % interval: the reward moves
+    first, the held-out curve is the claim."""
+    return band_figure({"held-out accuracy (greedy)": 100 * log["eval_accuracy"],
+                        "training reward (sampled)": 100 * log["reward"]}, "%",
+                       "SmolLM2-135M-Instruct, GRPO + IcePop, vLLM bf16 rollouts")
 
 
 if __name__ == "__main__":

@@ -29,57 +29,67 @@ from pathlib import Path
 from minirl.training.learner import Learner
 from minirl.scale_out.pipeline import COLUMNS, LoopResult, admit_prompts, learn_on, queue_config, staleness
 from minirl.scale_out.reward_worker import RewardWorker
-from minirl.training.run_log import RunLog
+from minirl.training.lifecycle import Lifecycle
 from minirl.scale_out.timeline import Timeline
 from minirl.training.train_config import TrainConfig
 from minirl.scale_out.transfer_queue import LocalTransferQueue
 
 
-def run(train: TrainConfig, resume: bool = False, on_dispatch=None) -> LoopResult:  # noqa: ANN001
-    """Train ``train.steps`` steps in ``train.mode``; ``resume`` continues from
-    ``<out_dir>/checkpoint``. ``on_dispatch(actor, indices)`` (Ray only) is called as work is
-    handed to a rollout actor: the hook fault-injection experiments kill actors from."""
-    if train.mode == "ray":
-        from minirl.scale_out.ray_actors import RayBackend
+def run(train: TrainConfig, resume: bool = False, on_dispatch=None, overwrite: bool = True  # noqa: ANN001
+        ) -> LoopResult:
+    """Train ``train.steps`` steps in ``train.mode`` under the run lifecycle every mode shares
+    (``minirl.training.lifecycle``); ``resume`` continues from ``<out_dir>/checkpoint``.
+    ``on_dispatch(actor, indices)`` (Ray only) is called as work is handed to a rollout actor: the
+    hook fault-injection experiments kill actors from."""
+    with Lifecycle.open(train, resume, overwrite) as life:  # locked before any worker starts
+        if train.mode == "ray":
+            from minirl.scale_out.ray_actors import RayBackend
 
-        backend = RayBackend(train, on_dispatch)
-    else:
-        backend = LocalBackend(train)
-    try:
-        return drive(backend, train, resume)
-    finally:
-        backend.close()
+            backend = RayBackend(train, on_dispatch)
+        else:
+            backend = LocalBackend(train)
+        try:
+            return drive(backend, train, life, resume)
+        finally:
+            backend.close()
 
 
-def drive(backend, train: TrainConfig, resume: bool) -> LoopResult:  # noqa: ANN001
-    """The producer-consumer schedule (§4.2.2), the same for every backend."""
-    ckpt, s = Path(train.out_dir) / "checkpoint", staleness(train)
-    first, rows = backend.restore(ckpt) if resume and (ckpt / "state.json").exists() else (0, [])
-    log = RunLog(Path(train.out_dir) / "metrics.nc", rows)
+def drive(backend, train: TrainConfig, life: Lifecycle, resume: bool) -> LoopResult:  # noqa: ANN001
+    """The producer-consumer schedule (§4.2.2), the same for every backend; ``backend`` is the
+    lifecycle's ``Policy`` (checkpoints and held-out evaluation, wherever its model lives)."""
+    s = staleness(train)
     hist: Counter[int] = Counter()
-    backend.publish(first)
-    launched, start = {}, time.time()
-    last = start
-    with ThreadPoolExecutor(1, thread_name_prefix="minirl-producer") as producer:
-        for k in range(first, train.steps):
-            for j in range(k, min(k + s, train.steps - 1) + 1):  # run ahead at most s steps
-                if j not in launched:
-                    launched[j] = producer.submit(backend.produce, j, k)  # on the weights of step k
-            launched.pop(k).result()
-            metrics, step_hist = backend.learn(k)
-            hist.update(step_hist)
-            metrics["time_sync"] = backend.publish(k + 1)
-            now = time.time()
-            metrics.update(time_step=now - last, samples_per_s=train.prompts_per_step * train.group_size / (now - last),
-                           queue_in_flight=backend.queue.stats()["in_flight"])
-            last = now
-            log.append(k, metrics)
-            if train.checkpoint_every and ((k + 1) % train.checkpoint_every == 0 or k + 1 == train.steps):
-                backend.save(ckpt, k + 1, log.rows)
+    first, start = [], time.time()
+
+    def loop(begin: int) -> None:
+        first.append(begin)
+        backend.publish(begin)
+        launched, last = {}, time.time()
+        with ThreadPoolExecutor(1, thread_name_prefix="minirl-producer") as producer:
+            for k in range(begin, train.steps):
+                held_out = {}
+                if life.evaluation_due(k):  # on the weights of step k, with no rollout in flight
+                    for pending in launched.values():
+                        pending.result()
+                    held_out = backend.held_out()
+                for j in range(k, min(k + s, train.steps - 1) + 1):  # run ahead at most s steps
+                    if j not in launched:
+                        launched[j] = producer.submit(backend.produce, j, k)  # on the weights of step k
+                launched.pop(k).result()
+                metrics, step_hist = backend.learn(k)
+                hist.update(step_hist)
+                metrics["time_sync"] = backend.publish(k + 1)
+                now = time.time()
+                metrics.update(time_step=now - last, samples_per_s=train.prompts_per_step * train.group_size
+                               / (now - last), queue_in_flight=backend.queue.stats()["in_flight"])
+                last = now
+                life.record(k, {**metrics, **held_out})
+
+    life.run(backend, resume, loop)
     wall = time.time() - start
-    done = (train.steps - first) * train.prompts_per_step * train.group_size
-    return LoopResult(Path(train.out_dir), log.path, log.rows, backend.model, backend.timeline, backend.queue.stats(),
-                      dict(sorted(hist.items())), wall, done / wall if wall > 0 else 0.0)
+    done = (train.steps - first[0]) * train.prompts_per_step * train.group_size
+    return LoopResult(Path(train.out_dir), life.log.path, life.log.rows, backend.model, backend.timeline,
+                      backend.queue.stats(), dict(sorted(hist.items())), wall, done / wall if wall > 0 else 0.0)
 
 
 class LocalBackend:
@@ -128,11 +138,23 @@ class LocalBackend:
         with self.timeline.span("train", step):
             return learn_on(self.learner, step, samples, self.train.prompts_per_step)
 
-    def save(self, path: Path, step: int, rows: list[dict]) -> None:
-        self.learner.save(path, step, rows)
+    def held_out(self) -> dict[str, float]:
+        """Held-out metrics of the latest published weights (the producer is idle)."""
+        version = max(self.weights)
+        if self.engine_version != version:
+            self.engine.load_weights(self.weights[version])
+            self.engine_version = version
+        return self.learner.trainer.held_out()
 
-    def restore(self, path: Path) -> tuple[int, list[dict]]:
-        return self.learner.restore(path)
+    def save_checkpoint(self, path: Path, state: dict) -> None:
+        self.learner.trainer.save_checkpoint(path, state)
+
+    def load_checkpoint(self, path: Path) -> dict:
+        return self.learner.trainer.load_checkpoint(path)
+
+    def resumed(self, step: int) -> None:
+        self.learner.trainer.resumed(step)
+        self.learner.version = step  # one update per step
 
     def close(self) -> None:
         pass

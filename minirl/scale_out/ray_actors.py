@@ -1,6 +1,6 @@
 """``ray`` mode: rollout engines, reward workers and the trainer as Ray actors.
 
-The driver (``minirl.async_train.drive``) is unchanged; this backend moves each stage into an
+The driver (``minirl.scale_out.async_loop.drive``) is unchanged; this backend moves each stage into an
 actor and the data into ``RayTransferQueue`` (AsyncFlow §3), so samples travel between actors
 as object refs. Weight sync is one Ray operation per update (§4.2.3): the trainer returns its
 state dict once into the object store and every rollout actor loads that same object
@@ -25,13 +25,14 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from minirl import Rollout, tasks
+from minirl import Rollout, SamplingParams, tasks
 from minirl.scale_out.balancing import predict_lengths
 from minirl.scale_out.pipeline import COLUMNS, admit_prompts, learn_on, queue_config, staleness
 from minirl.training.learner import Learner
 from minirl.scale_out.ray_queue import RayTransferQueue
 from minirl.scale_out.reward_worker import RewardWorker, Scores
 from minirl.training.rollout_engine import make_engine
+from minirl.training.sft import encode
 from minirl.scale_out.timeline import Timeline
 from minirl.training.train_config import TrainConfig
 from minirl.scale_out.transfer_queue import Sample
@@ -98,6 +99,10 @@ class RolloutActor:
         params = prompts[0][2]
         return predict_lengths(self.engine, [p[1] for p in prompts], params, draft_tokens)
 
+    def complete(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        """The completions' token ids (held-out evaluation: greedy, one per prompt)."""
+        return [list(r.token_ids) for r in self.engine.generate(prompts, params)]
+
     @ray.method(num_returns=2)
     def generate(self, prompt: tuple, version: int) -> tuple[tuple[list[Rollout], int], tuple[float, float]]:
         """-> ((rollouts, version) for the queue, (start, end) for the timeline)."""
@@ -142,17 +147,29 @@ class TrainerActor:
         resolved = [Sample(s.index, s.group, {c: ray.get(ref) for c, ref in s.data.items()}) for s in samples]
         return learn_on(self.learner, step, resolved, expected)
 
+    def eval_prompts(self) -> tuple[list[list[int]], SamplingParams]:
+        trainer = self.learner.trainer
+        return [encode(trainer.tokenizer, p.prompt)[0] for p in trainer.eval_set], trainer.eval_params()
+
+    def score_held_out(self, completions: list[list[int]]) -> dict[str, float]:
+        trainer = self.learner.trainer
+        return trainer.score_held_out([trainer.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions])
+
     # not ``save``/``restore``: nnsight, once imported, mounts ``.save`` onto every Python object,
     # and that attribute would shadow the actor handle's method of the same name
-    def save_checkpoint(self, path: str, step: int, rows: list[dict]) -> None:
-        self.learner.save(Path(path), step, rows)
+    def save_checkpoint(self, path: str, state: dict) -> None:
+        self.learner.trainer.save_checkpoint(Path(path), state)
 
-    def restore_checkpoint(self, path: str) -> tuple[int, list[dict]]:
-        return self.learner.restore(Path(path))
+    def load_checkpoint(self, path: str) -> dict:
+        return self.learner.trainer.load_checkpoint(Path(path))
+
+    def resumed(self, step: int) -> None:
+        self.learner.trainer.resumed(step)
+        self.learner.version = step  # one update per step
 
 
 class RayBackend:
-    """The ``drive`` backend for ``ray`` mode (see ``minirl.async_train.LocalBackend``)."""
+    """The ``drive`` backend for ``ray`` mode (see ``minirl.scale_out.async_loop.LocalBackend``)."""
 
     def __init__(self, train: TrainConfig,
                  on_dispatch: Callable[[ray.actor.ActorHandle, list[int]], None] | None = None) -> None:
@@ -268,11 +285,26 @@ class RayBackend:
             metrics, hist = ray.get(self.trainer.learn.remote(step, samples, self.train.prompts_per_step))
         return {**metrics, "actor_restarts": float(self.restarts)}, hist
 
-    def save(self, path: Path, step: int, rows: list[dict]) -> None:
-        ray.get(self.trainer.save_checkpoint.remote(str(path), step, rows))
+    # the lifecycle's Policy: the model lives in the trainer actor
+    def save_checkpoint(self, path: Path, state: dict) -> None:
+        ray.get(self.trainer.save_checkpoint.remote(str(path), state))
 
-    def restore(self, path: Path) -> tuple[int, list[dict]]:
-        return ray.get(self.trainer.restore_checkpoint.remote(str(path)))
+    def load_checkpoint(self, path: Path) -> dict:
+        return ray.get(self.trainer.load_checkpoint.remote(str(path)))
+
+    def resumed(self, step: int) -> None:
+        ray.get(self.trainer.resumed.remote(step))
+
+    def held_out(self) -> dict[str, float]:
+        """Held-out metrics of the latest published weights, generated on the first rollout actor
+        (idle: the driver waits for the step's rollouts first) and scored by the trainer actor."""
+        prompts, params = ray.get(self.trainer.eval_prompts.remote())
+        completions = []
+        if prompts:
+            name = next(iter(self.rollout))
+            self._load(name, max(self.weights), [])  # actor calls run in order: the load comes first
+            completions = ray.get(self.rollout[name].complete.remote(prompts, params))
+        return ray.get(self.trainer.score_held_out.remote(completions))
 
     def close(self) -> None:
         """Free this run's actors; the Ray session stays (it may be shared, e.g. by tests)."""

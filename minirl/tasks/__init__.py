@@ -10,12 +10,13 @@ reference; training always regenerates from the seed, so an installed package ne
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
 import os
 from collections.abc import Callable
 
 from minirl.tasks.arithmetic import Arithmetic
-from minirl.tasks.base import Problem, Task, answer_text, splits
+from minirl.tasks.base import Problem, Task, answer_text, is_correct, splits
 from minirl.tasks.chat_arithmetic import ChatArithmetic
 from minirl.tasks.countdown import Countdown
 from minirl.tasks.longtail_sorting import LongTailSorting
@@ -28,7 +29,8 @@ _REGISTRY["chat_arithmetic"] = ChatArithmetic  # for instruct models: asked in w
 
 
 def register(name: str, factory: Callable[..., Task]) -> None:
-    """Make ``factory(**task_kwargs)`` available as ``TrainConfig.task = name``."""
+    """Make ``factory(**task_kwargs)`` available as ``TrainConfig.task = name`` (from a module
+    named in ``TrainConfig.setup_modules``, which every mode imports before the config is checked)."""
     _REGISTRY[name] = factory
 
 
@@ -37,18 +39,43 @@ def names() -> list[str]:
 
 
 def get(name: str, **kwargs) -> Task:
-    """The task called ``name``, built with ``kwargs`` (e.g. ``digits=3``)."""
+    """The task called ``name``, built with ``kwargs`` (e.g. ``digits=3``): a registered name, or
+    an import path ``package.module:Factory`` (a researcher's task, no registration needed)."""
+    return factory(name)(**kwargs)
+
+
+def factory(name: str) -> Callable[..., Task]:
+    """What builds task ``name`` (``get``); an unknown name fails naming the valid ones."""
+    if ":" in name:
+        return _imported(name)
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown task {name!r}{hint}; valid: {', '.join(names())}")
-    return _REGISTRY[name](**kwargs)
+        raise ValueError(f"unknown task {name!r}{hint}; valid: {', '.join(names())}, a name a setup_modules module "
+                         f"registers (minirl.tasks.register), or an import path package.module:TaskClass")
+    return _REGISTRY[name]
 
 
 def uses_tools(name: str) -> bool:
     """Whether task ``name`` is solved multi-turn with tool calls (known before it is built, so a
     config can be checked without one); an unknown name is left to ``get`` to report."""
-    return bool(getattr(_REGISTRY.get(name), "uses_tools", False))
+    try:
+        return bool(getattr(factory(name), "uses_tools", False))
+    except ValueError:
+        return False
+
+
+def _imported(path: str) -> Callable[..., Task]:
+    module, _, attr = path.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"task {path!r}: cannot import it ({type(e).__name__}: {e}); an import-path task is "
+                         f"package.module:TaskClass, importable here (and in every Ray worker: on PYTHONPATH "
+                         f"or installed)") from None
+    if not callable(found):
+        raise ValueError(f"task {path!r}: {attr} is a {type(found).__name__}, not a class or factory")
+    return found
 
 
 def export(problems: list[Problem], path: str | os.PathLike) -> None:
@@ -64,5 +91,5 @@ def load(path: str | os.PathLike) -> list[Problem]:
         return [Problem(**json.loads(line)) for line in f if line.strip()]
 
 
-__all__ = ["Arithmetic", "Countdown", "Problem", "PythonTool", "Sorting", "Task", "answer_text", "export", "get",
-           "load", "names", "register", "splits", "uses_tools"]
+__all__ = ["Arithmetic", "Countdown", "Problem", "PythonTool", "Sorting", "Task", "answer_text", "export", "factory",
+           "get", "is_correct", "load", "names", "register", "splits", "uses_tools"]

@@ -17,13 +17,27 @@ class Problem:
 
 
 class Task(Protocol):
-    """A task generates problems from a ``random.Random`` and verifies completions."""
+    """A task generates problems from a ``random.Random`` and verifies completions.
+
+    ``verify`` is the reward: a bool, or a float for partial credit (e.g. 0.5 for the right
+    format with a wrong answer). A task with partial credit also defines ``correct(problem,
+    completion) -> bool``, exact correctness, which held-out accuracy counts (``is_correct``);
+    without it a completion is correct when its reward is 1."""
 
     name: str
 
     def sample(self, rng: random.Random) -> Problem: ...
 
-    def verify(self, problem: Problem, completion: str) -> bool: ...
+    def verify(self, problem: Problem, completion: str) -> bool | float: ...
+
+
+def is_correct(task: Task, problem: Problem, completion: str) -> bool:
+    """Exact correctness as ``task`` defines it (its ``correct``), else reward == 1: partial
+    credit never counts as solved."""
+    correct = getattr(task, "correct", None)
+    if correct is not None:
+        return bool(correct(problem, completion))
+    return float(task.verify(problem, completion)) == 1.0
 
 
 def answer_text(completion: str) -> str:

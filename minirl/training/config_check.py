@@ -22,9 +22,12 @@ import functools
 import math
 import os
 import random
+import reprlib
 import types
 import typing
 from dataclasses import dataclass
+
+from minirl.sandbox.runner import MAX_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -50,27 +53,37 @@ class Range:
     def describe(self) -> str:
         bounds = []
         if self.low > -math.inf:
-            bounds.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+            bounds.append(f"{'>' if self.low_open else '>='} {_bound(self.low)}")
         if self.high < math.inf:
-            bounds.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+            bounds.append(f"{'<' if self.high_open else '<='} {_bound(self.high)}")
         if self.finite:
             bounds.append("finite")
         return " and ".join(bounds)
 
 
+def _bound(x: float) -> str:
+    """``1000000``, not ``1e+06``: a bound reads as the number to type."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
 _COUNT = Range(1)
+_PROBLEMS = ("the problems are drawn up front, about 20 us each, before the first step: a million is "
+             "20 s; more only hangs the start")
+MAX_SAMPLES_PER_STEP = 1 << 20
+"""prompts_per_step * group_size: one step's rollouts, generated and held as one batch."""
 RANGES: dict[str, Range] = {
     "sft_steps": Range(0, why="0 starts RL from `model` as is"),
-    "n_train": _COUNT,
-    "n_eval": Range(0, why="held-out problems; 0 = no held-out evaluation"),
+    "n_train": Range(1, 1_000_000, why=_PROBLEMS),
+    "n_eval": Range(0, 1_000_000, why=f"held-out problems; 0 = no held-out evaluation; {_PROBLEMS}"),
     "seed": Range(0, 2**63 - 1),
-    "prompts_per_step": _COUNT,
-    "group_size": Range(2, why="GRPO needs >= 2 samples per prompt: with 1, every advantage is 0 and nothing "
-                               "is learned"),
-    "max_new_tokens": _COUNT,
-    "temperature": Range(0, low_open=True, finite=True,
+    "prompts_per_step": Range(1, 65_536, why="each step rolls out every prompt as one batch"),
+    "group_size": Range(2, 4096, why="GRPO needs >= 2 samples per prompt: with 1, every advantage is 0 and nothing "
+                                     "is learned; each sample of a group is held in one step's batch"),
+    "max_new_tokens": Range(1, 1 << 20, why="a completion's token budget, past any context length here"),
+    "temperature": Range(0.01, finite=True,
                          why="0 is greedy decoding: every sample of a group is the same, so every advantage "
-                             "is 0 and nothing is learned"),
+                             "is 0 and nothing is learned; below 0.01 a logit gap of 1 becomes e^-100, zero in "
+                             "float32, so sampling is greedy in effect"),
     "eps_low": Range(0, 1, high_open=True, why="the ratio is clipped below at 1 - eps_low, which must stay > 0"),
     "eps_high": Range(0, finite=True),
     "dual_clip": Range(1, low_open=True, finite=True, why="dual-clip c > 1 (Ye et al. 2020 §3.2); null disables"),
@@ -89,7 +102,7 @@ RANGES: dict[str, Range] = {
                        why="the gradient norm is clipped to it; NaN would make every weight NaN and a "
                            "negative value reverses every update"),
     "minibatches": _COUNT,
-    "epochs": _COUNT,
+    "epochs": Range(1, 1000, why="passes over each step's batch; past a few the policy only overfits that batch"),
     "steps": _COUNT,
     "eval_every": Range(0, why="0 = never evaluate"),
     "checkpoint_every": Range(0, why="0 = never write a checkpoint (the run cannot be resumed)"),
@@ -107,7 +120,8 @@ RANGES: dict[str, Range] = {
     "c3po_chunk_tokens": _COUNT,
     "c3po_pool_capacity": Range(0, why="0 = one synchronous step's rollouts, prompts_per_step * group_size"),
     "tool_max_turns": _COUNT,
-    "tool_timeout_s": Range(0, low_open=True),
+    "tool_timeout_s": Range(0, MAX_TIMEOUT_S, low_open=True,
+                            why="the sandbox's limit for one tool call; longer is a stuck rollout"),
     "max_staleness": Range(0, why="0 = synchronous, 1 = AsyncFlow's one-step-off update"),
     "reward_timeout_s": Range(0, low_open=True),
     "sample_timeout_s": Range(0, low_open=True),
@@ -120,14 +134,22 @@ RANGES: dict[str, Range] = {
 }
 
 
+NON_EMPTY = {"out_dir": "'' would write the run's files into the current directory"}
+"""String fields that must not be empty, and why."""
+
+
 def check(config: object) -> None:
     """Check (and losslessly convert in place) every field of the dataclass ``config``: type from
-    its annotation, range from ``RANGES``; then its task options. Raises ``ValueError``."""
+    its annotation, range from ``RANGES``, non-empty where ``NON_EMPTY`` says; then its task
+    options. Raises ``ValueError``."""
     hints = _hints(type(config))
     for f in dataclasses.fields(config):
         value = conform(f.name, getattr(config, f.name), hints[f.name], f)
         object.__setattr__(config, f.name, value)
         _check_range(f.name, value, RANGES.get(f.name, Range()))
+        if f.name in NON_EMPTY and not str(value).strip():
+            raise ValueError(f"{f.name}={value!r}: must not be empty ({NON_EMPTY[f.name]}); set {f.name} to a "
+                             f"directory path")
     if hasattr(config, "task") and hasattr(config, "task_kwargs"):
         check_task(config.task, config.task_kwargs)
 
@@ -142,7 +164,7 @@ def conform(name: str, value: object, tp: object, f: dataclasses.Field | None = 
     example = ""
     if f is not None and f.default is not dataclasses.MISSING and f.default not in ("", None):
         example = f", e.g. {name}: {_yaml(f.default)} (the default)"
-    got = "null" if value is None else f"{value!r} ({type(value).__name__})"
+    got = "null" if value is None else f"{short(value)} ({type(value).__name__})"
     raise ValueError(f"{name}={got}: expected {describe(tp)}; set {name} to {describe(tp)}{example}")
 
 
@@ -171,13 +193,13 @@ def check_task(task: str, task_kwargs: dict) -> None:
     try:
         built = get_task(task, **task_kwargs)
     except TypeError as e:
-        raise ValueError(f"task_kwargs={task_kwargs!r}: task {task!r} does not take these options ({e}); fix "
+        raise ValueError(f"task_kwargs={short(task_kwargs)}: task {task!r} does not take these options ({e}); fix "
                          f"task_kwargs to the options of task {task!r} (each task's class in minirl.tasks lists "
                          f"them)") from None
     try:
         built.sample(random.Random(0))
     except Exception as e:  # noqa: BLE001 - whatever the task raises, the options are the cause
-        raise ValueError(f"task_kwargs={task_kwargs!r} do not make a valid {task!r} task: sampling a problem "
+        raise ValueError(f"task_kwargs={short(task_kwargs)} do not make a valid {task!r} task: sampling a problem "
                          f"fails with {type(e).__name__}: {e}; fix task_kwargs") from None
 
 
@@ -266,14 +288,28 @@ def _check_range(name: str, value: object, valid: Range) -> None:
                              f"set {name} to {'values' if many else 'a value'} {rule}")
 
 
+def short(value: object) -> str:
+    """``repr(value)`` capped (``reprlib``): a message echoes what it refuses, and a refused value
+    may be a megabyte-long list or a 10**30 integer."""
+    return _SHORT.repr(value)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 60
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 8
+_SHORT.maxlevel = 3
+
+
 def _yaml(value: object) -> str:
-    """A value as it would be written in the YAML config (lists as [a, b], None as null)."""
+    """A value as it would be written in the YAML config (lists as [a, b], None as null), capped
+    like ``short``."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (tuple, list)):
-        return "[" + ", ".join(_yaml(v) for v in value) + "]"
+        more = ", ..." if len(value) > _SHORT.maxlist else ""
+        return "[" + ", ".join(_yaml(v) for v in value[:_SHORT.maxlist]) + more + "]"
     if isinstance(value, float) and math.isnan(value):
         return ".nan"
-    return repr(value) if isinstance(value, str) else str(value)
+    return short(value)

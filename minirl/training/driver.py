@@ -16,27 +16,32 @@ from pathlib import Path
 from minirl.scale_out import async_loop
 from minirl.algorithms.c3po import PoolRollout
 from minirl.training.c3po_loop import C3poGroups, GroupedPrompts
+from minirl.training import run_dir
 from minirl.training.rollout_engine import RolloutEngine
 from minirl.training.train_config import TrainConfig
 from minirl.training.trainer import Trainer, TrainResult
 
 
 def train(config: TrainConfig | dict | str | os.PathLike, engine: RolloutEngine | None = None,
-          resume: bool = False) -> TrainResult:
+          resume: bool = False, overwrite: bool = True) -> TrainResult:
     """Run RL as ``config`` says (a ``TrainConfig``, a dict of its fields, or a YAML path).
-    ``resume=True`` continues from ``<out_dir>/checkpoint`` when it exists. ``mode: async`` /
-    ``ray`` run the same ``Trainer.learn`` under the producer-consumer driver
-    (``minirl.scale_out.async_loop``), which brings its own rollout engines (``engine`` must be None)."""
+    ``resume=True`` continues the run in ``out_dir`` from its checkpoint; otherwise a previous
+    run's own files there are replaced, or refused with ``overwrite=False`` (``mlab train``
+    without ``--overwrite``). ``mode: async`` / ``ray`` run the same ``Trainer.learn`` under the
+    producer-consumer driver (``minirl.scale_out.async_loop``), which brings its own rollout
+    engines (``engine`` must be None); every mode shares one run lifecycle
+    (``minirl.training.lifecycle``)."""
     if isinstance(config, dict):
         config = TrainConfig.from_dict(config)
     elif not isinstance(config, TrainConfig):
         config = TrainConfig.from_yaml(config)
+    run_dir.check(config.out_dir, resume, overwrite)  # refused before any model loads
     if config.mode != "sync":
         if engine is not None:
             raise ValueError(f"mode={config.mode!r} builds its rollout engines from config.engine in its own workers; "
                              f"pass engine=None, or use mode: sync to train with this engine object")
-        return async_loop.run(config, resume)
-    return Trainer(config, engine).run(resume)
+        return async_loop.run(config, resume, overwrite=overwrite)
+    return Trainer(config, engine).run(resume, overwrite)
 
 
 @dataclass

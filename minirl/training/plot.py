@@ -5,8 +5,10 @@
 or from Python, ``minirl.training.plot.plot_runs(["runs/grpo", "runs/icepop"], "fig.png")``. The seeds'
 figures are overlays of runs (GRPO vs TIS vs IcePop, C3PO++ vs baseline), so the legend names
 each run by what differs in its config (``config.yaml`` beside ``metrics.nc``): only the keys
-whose values differ between the runs, never the ones they share. Every ``minirl.train`` run
-writes its own ``curves.png`` with this function at the end.
+whose values differ between the runs, never the ones they share. Runs whose configs differ only
+in ``seed`` are one curve: their mean per step with the 95 % t-interval over seeds shaded, since one
+seed's curve can go either way. Every ``minirl.train`` run writes its own ``curves.png`` with this
+function at the end.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from minirl.output_paths import check_output_file, temp_sibling
+
 if TYPE_CHECKING:  # matplotlib and xarray load on first use: `mlab --help` stays fast
     import xarray as xr
+    from matplotlib.figure import Figure
 
 #: (title, y-axis label, how to get the curve from a run log) per panel.
 PANELS = [
@@ -37,31 +42,34 @@ IGNORED_KEYS = ("out_dir", "progress", "report_to")
 
 
 def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
-    """Write one figure (format from ``out``'s suffix, e.g. .png) overlaying ``run_dirs``' curves
-    in ``PANELS``; returns ``out``. Raises ``ValueError`` naming a directory that holds no run."""
+    """Write ``figure(run_dirs)`` to ``out`` (format from its suffix: .png, .pdf, .svg); returns
+    ``out``. Raises ``ValueError`` naming a directory that holds no run log, ``OSError`` for an
+    ``out`` that cannot take a figure (checked before any log loads)."""
+    out = _check_out(Path(out))
+    return _save(figure(run_dirs), out)
+
+
+def figure(run_dirs: list[str | os.PathLike]) -> Figure:
+    """``run_dirs``' curves overlaid in ``PANELS``, the seeds of one config as one band, the legend
+    beside the panels in as many distinct colours as there are curves."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    from minirl.training.run_log import load
-
     if not run_dirs:
         raise ValueError("no run directory given: pass one or more out_dir paths of minirl runs")
-    logs = []
-    for d in map(Path, run_dirs):
-        if not (d / "metrics.nc").is_file():
-            raise ValueError(f"{d}: no metrics.nc, so not a minirl run directory (a run's out_dir holds "
-                             f"metrics.nc and config.yaml); pass the out_dir of a run")
-        logs.append(load(d / "metrics.nc"))
-    labels = legend_labels(run_dirs)
+    logs = [_load(Path(d)) for d in run_dirs]
+    groups = seed_groups(run_dirs)
+    colours = _colours(len(groups))
     fig = Figure(figsize=(13, 6.5))
     axes = fig.subplots(2, 3).ravel()
     for ax, (title, ylabel, curve) in zip(axes, PANELS):
         drawn = False
-        for ds, label in zip(logs, labels):
-            y = curve(ds)
-            ok = np.isfinite(y)
-            if ok.any():
-                ax.plot(ds["step"].values[ok], y[ok], marker=".", label=label)
+        for (label, members), colour in zip(groups, colours):
+            steps, mean, ci = band([(logs[i]["step"].values, curve(logs[i])) for i in members])
+            if steps.size:
+                ax.plot(steps, mean, marker=".", color=colour, label=label)
+                if len(members) > 1:
+                    ax.fill_between(steps, ci[0], ci[1], color=colour, alpha=0.2, linewidth=0)
                 drawn = True
         if not drawn:
             ax.text(0.5, 0.5, "not measured in these runs", ha="center", va="center", transform=ax.transAxes)
@@ -70,48 +78,162 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
+    fig.tight_layout()
     handles, names = axes[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), fontsize="small")
-    fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 1))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    return out
+    if handles:  # beside the panels, never over them; the saved figure grows to hold it (bbox_inches)
+        fig.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), ncol=math.ceil(len(names) / 30),
+                   fontsize="small" if len(names) <= 10 else "x-small")
+    return fig
+
+
+def seed_groups(run_dirs: list[str | os.PathLike]) -> list[tuple[str, list[int]]]:
+    """``(legend label, indices of run_dirs)`` per curve: runs whose ``config.yaml`` differ only in
+    ``seed`` (and the ``IGNORED_KEYS``) are one curve. A label is ``key=value`` for each config key
+    that differs between the curves; the directory name where that says nothing (one curve, or a
+    run without config.yaml) or would not tell two curves apart; ``(N seeds)`` follows a band."""
+    import yaml
+
+    dirs = [Path(d) for d in run_dirs]
+    configs = [yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").is_file() else None
+               for d in dirs]
+    groups: dict[str, list[int]] = {}
+    for i, c in enumerate(configs):
+        key = repr(sorted((k, repr(v)) for k, v in c.items() if k not in (*IGNORED_KEYS, "seed"))) if c else str(i)
+        groups.setdefault(key, []).append(i)
+    heads = [configs[m[0]] or {} for m in groups.values()]
+    keys = sorted({k for c in heads for k in c} - {*IGNORED_KEYS, "seed"})
+    differ = [k for k in keys if len({repr(c.get(k)) for c in heads}) > 1] if len(heads) > 1 else []
+    labels = [", ".join(f"{k}={_short(c.get(k))}" for k in differ) or dirs[m[0]].name
+              for c, m in zip(heads, groups.values())]
+    if len(set(labels)) < len(labels):
+        labels = [f"{dirs[m[0]].name}: {label}" if label != dirs[m[0]].name else label
+                  for label, m in zip(labels, groups.values())]
+    return [(label if len(m) == 1 else f"{label} ({len(m)} seeds)", m) for label, m in zip(labels, groups.values())]
 
 
 def legend_labels(run_dirs: list[str | os.PathLike]) -> list[str]:
-    """One label per run: ``key=value`` for each config key that differs between the runs (from
-    each run's ``config.yaml``); the directory name where that says nothing (one run, identical
-    configs, or a run without config.yaml) or would not tell two runs apart."""
-    import yaml
+    """One legend label per run (``seed_groups``': runs of one band share theirs)."""
+    by_run = {i: label for label, members in seed_groups(run_dirs) for i in members}
+    return [by_run[i] for i in range(len(run_dirs))]
 
-    configs = []
-    for d in map(Path, run_dirs):
-        f = d / "config.yaml"
-        configs.append(yaml.safe_load(f.read_text()) if f.is_file() else {})
-    keys = sorted({k for c in configs for k in c} - set(IGNORED_KEYS))
-    differ = [k for k in keys if len({repr(c.get(k)) for c in configs}) > 1] if len(configs) > 1 else []
-    labels = [", ".join(f"{k}={_short(c.get(k))}" for k in differ) or Path(d).name
-              for c, d in zip(configs, run_dirs)]
-    if len(set(labels)) < len(labels):
-        labels = [f"{Path(d).name}: {label}" if label != Path(d).name else label for d, label in zip(run_dirs, labels)]
-    return labels
+
+def band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(steps, values)`` of one curve per seed -> ``(steps, mean, [low, high])`` over the steps some
+    seed measured: the mean of the seeds' finite values and its 95 % t-interval (the mean itself
+    where fewer than two seeds have a value)."""
+    steps = np.unique(np.concatenate([s[np.isfinite(y)] for s, y in curves]))
+    table = np.full((len(curves), steps.size), np.nan)
+    for row, (s, y) in zip(table, curves):
+        ok = np.isfinite(y)
+        row[np.searchsorted(steps, s[ok])] = y[ok]
+    stats = [mean_ci(column) for column in table.T]
+    mean = np.array([m for m, _ in stats])
+    ci = np.array([ci if ci is not None else [m, m] for m, ci in stats]).reshape(-1, 2).T
+    return steps, mean, ci
+
+
+def mean_ci(values: np.ndarray) -> tuple[float, list[float] | None]:
+    """Mean of the finite ``values`` (one per seed) and its 95 % t-interval, None under two values:
+    a handful of seeds is far from the normal approximation, so Student t with n - 1 degrees of freedom."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, None
+    half = t_quantile(0.975, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return mean, [mean - half, mean + half]
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student-t quantile (no scipy here): bisection on the CDF, integrated by Simpson's rule."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(x: float) -> float:
+        grid = np.linspace(0.0, x, 4001)
+        y = c * (1 + grid ** 2 / df) ** (-(df + 1) / 2)
+        return 0.5 + (x / 12000) * float(y[0] + y[-1] + 4 * y[1:-1:2].sum() + 2 * y[2:-1:2].sum())
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plot", help="overlay the curves of minirl runs in one figure",
                               description="Reward, held-out accuracy, |Δ logprob|, masked ‰, grad norm and step "
                                           "time of each run, overlaid; the legend names each run by the config "
-                                          "keys that differ between them.")
+                                          "keys that differ between them, and runs that differ only in seed are "
+                                          "one band (mean, 95% interval).")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="out_dir of a minirl run (holds metrics.nc)")
-    p.add_argument("--out", required=True, metavar="FIG", help="figure to write (.png, .pdf, .svg)")
+    p.add_argument("--out", required=True, metavar="FIG", help="figure file to write (.png, .pdf, .svg)")
     p.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
     print(plot_runs(args.runs, args.out))
     return 0
+
+
+def _check_out(out: Path) -> Path:
+    """Refused before any log loads: a name without a figure format (matplotlib would add .png and
+    write a file nobody named), and what ``check_output_file`` refuses (a directory, a device, a
+    capture or run log)."""
+    from matplotlib.figure import Figure
+
+    if out.is_dir():  # said first: a directory's missing suffix is not the problem
+        check_output_file(out, "figure")
+    formats = Figure().canvas.get_supported_filetypes()
+    if out.suffix[1:].lower() not in formats:
+        raise ValueError(f"--out {out}: the figure's format comes from its suffix; end the name in .png, .pdf or "
+                         f".svg (or {', '.join('.' + f for f in sorted(formats) if f not in ('png', 'pdf', 'svg'))})")
+    return check_output_file(out, "figure")
+
+
+def _save(fig: Figure, out: Path) -> Path:
+    """Through a temporary sibling and a rename (``minirl.output_paths``): a crash leaves no half figure."""
+    fd, tmp = temp_sibling(out, "figure")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format=out.suffix[1:].lower(), dpi=100, bbox_inches="tight")
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _load(d: Path) -> xr.Dataset:
+    """A run's log, or a ``ValueError`` saying what the directory holds instead."""
+    from minirl.training.run_log import load
+
+    path = d / "metrics.nc"
+    if not path.is_file():
+        raise ValueError(f"{d}: no metrics.nc, so not a minirl run directory (a run's out_dir holds "
+                         f"metrics.nc and config.yaml); pass the out_dir of a run")
+    try:
+        ds = load(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable netCDF run log ({' '.join(str(e).split())[:200]})") from None
+    if "row" not in ds.dims or "step" not in ds.coords:
+        kind = (" it is an aligntools capture (mlab capture writes those; mlab diff / mlab analyze read them)"
+                if "token" in ds.dims else f" its dims are {dict(ds.sizes)}")
+        raise ValueError(f"{path} is not a minirl run log (one row per RL step, coordinate step):{kind}")
+    return ds
+
+
+def _colours(n: int) -> list:
+    """``n`` distinct colours: tab10 / tab20 while they last, then evenly spaced along turbo."""
+    from matplotlib import colormaps
+
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [colormaps["tab20"](i) for i in range(n)]
+    return [colormaps["turbo"](x) for x in np.linspace(0.03, 0.97, n)]
 
 
 def _column(ds: xr.Dataset, name: str) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""What a resumed run may change, and how a run directory is guarded.
+"""What a resumed run may change.
 
 A checkpoint records the config it was trained with. On ``--resume`` each value that differs is
 either *applied* from the resumed step on (``APPLIED``: how long to run, how often to evaluate or
@@ -10,15 +10,12 @@ A field added later is refused until it is listed here: the safe default.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 APPLIED = ("steps", "eval_every", "checkpoint_every", "max_nan_steps", "progress", "report_to", "device", "out_dir",
-           "lr", "weight_decay", "betas", "grad_clip")
+           "lr", "weight_decay", "betas", "grad_clip",
+           # where ray's workers run and in which order they are served: every sample keeps its seed
+           "ray_address", "ray_num_cpus", "rollout_actors", "cpus_per_actor", "connect_timeout_s", "dispatch",
+           "draft_tokens", "queue_capacity")
 """keys a resume may change; the others are refused."""
-
-RUN_FILES = ("metrics.nc", "config.yaml", "checkpoint", ".checkpoint.old", "curves.png", "tensorboard")
-"""what a run writes into ``out_dir``: their presence makes it an existing run."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -41,18 +38,6 @@ def changes(saved: dict, current: dict, same_model: bool) -> dict[str, tuple]:
                          f"(its config is <out_dir>/config.yaml), or start a new run (another out_dir, or "
                          f"--overwrite). A resume may change only: {', '.join(APPLIED)}")
     return {k: d for k, d in diff.items() if k in APPLIED}
-
-
-def existing_run(out_dir: str | Path) -> list[str]:
-    """The run files already in ``out_dir`` (empty: no run there)."""
-    return [name for name in RUN_FILES if (Path(out_dir) / name).exists()]
-
-
-def clear_run(out_dir: str | Path) -> None:
-    """Remove a previous run's files from ``out_dir`` (``--overwrite``); other files stay."""
-    for name in existing_run(out_dir):
-        path = Path(out_dir) / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def _norm(value: object) -> object:

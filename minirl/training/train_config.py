@@ -10,11 +10,8 @@ import dataclasses
 import difflib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
-
-from minirl.training import combinations, config_check
+from minirl.training import combinations, config_check, config_file
 
 
 from minirl.algorithms import losses
@@ -50,7 +47,9 @@ class TrainConfig:
     succeeds; 0 starts from ``model`` as is (e.g. a real instruct model)."""
     task: str = "arithmetic"
     """a ``minirl.tasks`` name: arithmetic, countdown, sorting, longtail_sorting, chat_arithmetic, python_tool
-    (multi-turn: the model's ``<tool_call>`` code runs in ``minirl.sandbox``, rStar2-Agent §2.2.2)."""
+    (multi-turn: the model's ``<tool_call>`` code runs in ``minirl.sandbox``, rStar2-Agent §2.2.2); a name a
+    ``setup_modules`` module registers; or your own task as an import path, ``my_pkg.my_tasks:MyTask``
+    (docs/rl.md, "Adding a task")."""
     task_kwargs: dict = field(default_factory=lambda: {"digits": 1})
     n_train: int = 100
     n_eval: int = 32
@@ -211,24 +210,28 @@ class TrainConfig:
     draft_tokens: int = 16
     """``ray``: tokens of the ``longest_first`` draft."""
     setup_modules: list[str] = field(default_factory=list)
-    """``ray``: modules every worker imports first (e.g. one that ``tasks.register``s a task)."""
+    """modules imported before the config is checked, in this process and every Ray worker (e.g. one
+    that ``minirl.tasks.register``s a task)."""
 
     # --- run control
     device: str = "auto"
     """where the trainer runs: ``auto`` = CUDA when present (the fused logprob kernel is Triton
-    there), else CPU; or ``cpu`` / ``cuda`` / ``cuda:N``. The rollout engine keeps its own device."""
+    there), else CPU; or ``cpu`` / ``cuda`` / ``cuda:N``. The minirl rollout engine runs there too (one
+    card holds both; the weight sync is a device-to-device copy, ``time_sync``); vLLM keeps its own."""
     steps: int = 10
     eval_every: int = 5
-    """greedy accuracy on the held-out split every N steps (and at step 0 and the end); 0 = never."""
+    """held-out greedy accuracy (exactly correct, ``minirl.tasks.is_correct``) and mean reward, before
+    step 0's update, every N steps, and on the final policy after the last update; 0 = never."""
     checkpoint_every: int = 5
     """write ``<out_dir>/checkpoint`` every N steps and after the last one, so ``--resume`` can
     continue; 0 = never (the run cannot be resumed)."""
     max_nan_steps: int = 3
     """stop after this many consecutive steps with a non-finite loss (each one is skipped)."""
     out_dir: str = "runs/minirl"
-    """the run directory: metrics.nc, config.yaml, checkpoint/, curves.png. An existing run there
-    is continued with ``--resume``; ``mlab train`` replaces it only with ``--overwrite``
-    (``minirl.train(..., resume=False)`` replaces it)."""
+    """the run directory: metrics.nc, config.yaml, checkpoint/, curves.png and a manifest of them,
+    locked while a run is in it (docs/runs.md). A run there is continued with ``--resume``; ``mlab
+    train`` replaces its files only with ``--overwrite`` (``minirl.train(..., resume=False)`` replaces
+    them); files it did not write are never touched."""
     progress: bool = True
     """tqdm progress bars (training, SFT warm-up)."""
     report_to: str = "none"
@@ -236,7 +239,9 @@ class TrainConfig:
     ``<out_dir>/tensorboard`` (``tensorboard --logdir <out_dir>``)."""
 
     def __post_init__(self) -> None:
+        import_setup_modules(self.setup_modules)  # first: they may register the task checked next
         config_check.check(self)  # types from the annotations, ranges, task options
+        check_engine(self.engine)
         for name, valid in SWITCHES.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name}={getattr(self, name)!r}; valid: {', '.join(valid)}")
@@ -248,6 +253,10 @@ class TrainConfig:
                              f"{self.icepop_beta} (Ring-1T §2.3.4 uses 0.5 and 5)")
         if not 0 <= self.mis_low < self.mis_high:
             raise ValueError(f"mis_low={self.mis_low} must be >= 0 and < mis_high={self.mis_high}")
+        if self.prompts_per_step * self.group_size > config_check.MAX_SAMPLES_PER_STEP:
+            raise ValueError(f"prompts_per_step * group_size = {self.prompts_per_step * self.group_size}: one step's "
+                             f"rollouts, generated and held as one batch, must be <= "
+                             f"{config_check.MAX_SAMPLES_PER_STEP}; lower prompts_per_step or group_size")
         if (self.prompts_per_step * self.group_size) % self.minibatches:
             raise ValueError(f"minibatches={self.minibatches} must divide prompts_per_step * group_size = "
                              f"{self.prompts_per_step * self.group_size}")
@@ -263,20 +272,49 @@ class TrainConfig:
             if key not in valid:
                 close = difflib.get_close_matches(str(key), valid, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
-                raise ValueError(f"unknown config key {key!r}: {hint}")
+                raise ValueError(f"unknown config key {config_check.short(key)}: {hint}")
         return cls(**values)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> "TrainConfig":
-        """Build from a YAML file of flat keys (checked like ``from_dict``)."""
-        try:
-            values = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: expected a mapping of config keys, got {type(values).__name__}")
-        return cls.from_dict(values)
+        """Build from a YAML file of flat keys (read by ``config_file.read_config_file``, checked
+        like ``from_dict``)."""
+        return cls.from_dict(config_file.read_config_file(path))
 
     def to_dict(self) -> dict:
         """The fields as plain YAML/JSON values (tuples as lists): ``from_dict(to_dict())`` round-trips."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+
+def import_setup_modules(modules: object) -> None:
+    """Import ``setup_modules`` (each may ``minirl.tasks.register`` a task) so that the checks,
+    and every mode's workers, see what they define. A value that is not a list of names is left
+    to ``config_check`` to report."""
+    import importlib
+
+    if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+        return
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ValueError(f"setup_modules: cannot import {name!r} ({e}); put its package on PYTHONPATH (or "
+                             f"install it), or remove it from setup_modules") from None
+
+
+def check_engine(spec: str) -> None:
+    """Refuse an engine spec the trainer cannot build, before any model loads: an unknown kind
+    (naming the valid ones), a bad preset or option. A plugin's spec is the plugin's to read."""
+    from importlib.metadata import entry_points
+
+    from minirl import EngineSpec
+
+    head = spec.strip().split(",")[0].partition(":")[0].strip()
+    plugins = sorted(ep.name for ep in entry_points(group="minirl.engines"))
+    if head in plugins:
+        return
+    if head not in ("minirl", "vllm"):
+        raise ValueError(f"engine={spec!r}: unknown engine kind {head!r}; valid kinds: "
+                         f"{', '.join(['minirl', 'vllm', *plugins])} (e.g. engine: minirl:typical; other kinds come "
+                         f"from the 'minirl.engines' entry points of installed packages)")
+    EngineSpec.parse(spec)

@@ -18,23 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from minirl import SamplingParams, tasks
 
 from minirl.algorithms import advantages, corrections, espo, losses, router_replay
 
-from minirl.training import checkpointing, plot
+from minirl.training import checkpointing
 from minirl.training.c3po_loop import C3poGroups
 from minirl.training.groups import Drawn, SyncGroups, generate
+from minirl.training.lifecycle import Lifecycle
 from minirl.training.rollout_engine import RolloutEngine, make_engine
-from minirl.training.resume import RunInterrupted, changes, clear_run
 from minirl.quiet import quiet
 from minirl.training.run_log import RunLog
 from minirl.training.sft import encode, warm_start
 from minirl.training.train_config import TrainConfig
-from minirl.training.trainer_forward import forward
+from minirl.training.trainer_forward import forward, needs_forward
 from minirl.algorithms.zero_variance import reshape_zero_variance_advantages
 
 
@@ -81,82 +80,44 @@ class Trainer:
             self.ref.to(self.device).eval().requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
                                      fused=True)  # one kernel per step, not a loop over tensors (CPU and CUDA)
-        self.engine = engine if engine is not None else make_engine(c.engine, self.model_path, c.engine_dtype)
+        self.engine = engine if engine is not None else make_engine(c.engine, self.model_path, c.engine_dtype,
+                                                                    self.device)
         if c.router_replay == "r3" and not getattr(self.engine, "returns_routed_experts", True):
             raise ValueError(f"router_replay='r3' replays the rollout engine's routed experts, and "
                              f"{type(self.engine).__name__} returns none; use router_replay: r2 (record in the "
                              f"trainer's old-logprob pass) or the minirl engine")
         self.out = Path(c.out_dir)
-        self.log = RunLog(self.out / "metrics.nc")
-        self.step, self.nan_streak = 0, 0
-        self.saved_step: int | None = None  # step of the last checkpoint this run wrote or resumed from
+        self.life: Lifecycle | None = None  # while ``run`` runs
         self.task_uses_tools = tasks.uses_tools(c.task)
         self.groups = C3poGroups(self) if c.rollout == "c3po" else SyncGroups(self)
 
     # ------------------------------------------------------------------ loop
-    def run(self, resume: bool = False) -> TrainResult:
-        """Train to ``steps``. ``resume`` continues from ``<out_dir>/checkpoint`` (values that may
-        change on resume are applied, the others refused: ``minirl.training.resume``); without it, a
-        previous run's files in ``out_dir`` are replaced (``mlab train`` refuses unless
-        ``--overwrite``). Ctrl-C raises ``RunInterrupted`` saying which checkpoint is intact."""
-        if resume and checkpointing.exists(self.out / "checkpoint"):
-            self._restore()
-        elif not resume:
-            clear_run(self.out)
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
-        board = None
-        if self.cfg.report_to == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-
-            board = SummaryWriter(str(self.out / "tensorboard"), purge_step=self.step)
-        try:
-            self._loop(board)
-        except KeyboardInterrupt:
-            kept = (f"the checkpoint at step {self.saved_step} is intact; resume with --resume"
-                    if self.saved_step is not None else
-                    f"no checkpoint was written (checkpoint_every={self.cfg.checkpoint_every}), so it cannot be "
-                    f"resumed; start again with --overwrite")
-            raise RunInterrupted(f"interrupted at step {self.step}; {kept}") from None
-        finally:
-            if board is not None:
-                board.close()
-        plot.plot_runs([self.out], self.out / "curves.png")
+    def run(self, resume: bool = False, overwrite: bool = True) -> TrainResult:
+        """Train to ``steps`` in ``out_dir`` under the run lifecycle every mode shares
+        (``minirl.training.lifecycle``: the run directory and its lock, config, log, evaluation,
+        checkpoints, TensorBoard, curves). ``resume`` continues from ``<out_dir>/checkpoint``
+        (values that may change on resume are applied, the others refused); without it, a previous
+        run's own files are replaced (``overwrite=False`` refuses instead, as ``mlab train`` does
+        without ``--overwrite``). Ctrl-C raises ``RunInterrupted`` saying which checkpoint is intact."""
+        with Lifecycle.open(self.cfg, resume, overwrite) as self.life:
+            self.life.run(self, resume, self._loop)
         return TrainResult(self.out, self.log.path, self.log.rows, self.model)
 
-    def _loop(self, board) -> None:  # noqa: ANN001 - a SummaryWriter or None
-        bar = tqdm(range(self.step, self.cfg.steps), desc="minirl train", unit="step", disable=not self.cfg.progress,
-                   initial=self.step, total=self.cfg.steps)
+    @property
+    def log(self) -> RunLog:
+        """The run's metric log (its rows feed ``adaptive_group``'s monitor on resume)."""
+        return self.life.log
+
+    def _loop(self, first: int) -> None:
+        life = self.life
+        bar = tqdm(range(first, self.cfg.steps), desc="minirl train", unit="step", disable=not self.cfg.progress,
+                   initial=first, total=self.cfg.steps)
         for step in bar:
-            evaluated = self.cfg.eval_every and step % self.cfg.eval_every == 0
-            eval_accuracy = self.evaluate() if evaluated else None  # before the step's update
+            held_out = self.held_out() if life.evaluation_due(step) else {}  # before the step's update
             metrics = self.train_step(step)
-            if evaluated:
-                metrics["eval_accuracy"] = eval_accuracy
-            metrics["lr"] = self.opt.param_groups[0]["lr"]
-            self.log.append(step, metrics)
-            if board is not None:
-                for name, value in metrics.items():
-                    board.add_scalar(name, value, step)
-            self.step = step + 1
+            life.record(step, {**metrics, **held_out})
             bar.set_postfix(reward=f"{metrics['reward']:.2f}",
                             mismatch=f"{metrics.get('abs_dlogp_mean', math.nan):.1e}")
-            if metrics["nan_skipped"]:
-                self.nan_streak += 1
-                if self.nan_streak >= self.cfg.max_nan_steps:
-                    kept = (f"The checkpoint at step {self.saved_step} ({self.out / 'checkpoint'}) is intact"
-                            if self.saved_step is not None else
-                            f"No checkpoint was written (checkpoint_every={self.cfg.checkpoint_every})")
-                    plot.plot_runs([self.out], self.out / "curves.png")
-                    raise RuntimeError(
-                        f"loss was not finite for {self.nan_streak} steps in a row (last: step {step}); each was "
-                        f"skipped and the run stopped. {kept}; lower lr, enable a correction (icepop/tis), or "
-                        f"raise max_nan_steps")
-            else:
-                self.nan_streak = 0
-            every = self.cfg.checkpoint_every
-            if every and (self.step % every == 0 or self.step == self.cfg.steps):
-                self._save()
 
     def train_step(self, step: int) -> dict[str, float]:
         """Rollout and reward (``self.groups``: sync groups or C3PO++) -> ``learn`` -> weight sync
@@ -166,11 +127,13 @@ class Trainer:
         time_rollout = time.perf_counter() - t
         if drawn.rollouts:
             metrics = self.learn(step, drawn.rollouts, drawn.rewards, drawn.group_size)
-        else:  # no complete / informative group this step: nothing to learn from
-            metrics = {"reward": math.nan, "nan_skipped": 0.0}
+        else:  # no complete / informative group this step (C3PO++, zero_variance: filter): nothing to learn from
+            metrics = {"reward": math.nan, "nan_skipped": 0.0, "no_signal": 1.0, "lr": self.opt.param_groups[0]["lr"]}
         t = time.perf_counter()
         if drawn.rollouts and not metrics["nan_skipped"]:  # weight sync: the engine serves the updated policy
             self.engine.load_weights(self.model)
+            if self.device.type == "cuda":  # the copy is queued: time it done, not launched
+                torch.cuda.synchronize(self.device)
         return {**metrics, **drawn.metrics, "reward_errors": float(drawn.errors), "time_rollout": time_rollout,
                 "time_sync": time.perf_counter() - t}
 
@@ -216,7 +179,7 @@ class Trainer:
         lengths = torch.tensor([len(r.token_ids) for r in rollouts], dtype=torch.float32)
         return {"reward": float(rewards.mean()), "accuracy": float((rewards > 0).float().mean()),
                 "length": float(lengths.mean()), "entropy": metrics.pop("entropy_all"),
-                **metrics, **update, **times}
+                "lr": self.opt.param_groups[0]["lr"], **metrics, **update, **times}
 
     def _update(self, step: int, batch: Batch, adv: torch.Tensor, logp_old: torch.Tensor, weights: torch.Tensor,
                 mask: torch.Tensor, routing: list[torch.Tensor] | None, logp_ref: torch.Tensor | None,
@@ -226,17 +189,23 @@ class Trainer:
         gradient is exactly zero (all advantages 0, no KL term) takes no optimizer step: AdamW
         would move the weights anyway on its momentum, and on smollm2-135m such steps undid a
         36-point held-out gain (docs/measurements/2026-11-26-real-model-rl.md). ``opt_skipped``
-        logs the share of minibatches skipped."""
+        logs the share of minibatches skipped. One whose advantages are all 0 with no KL term
+        (``needs_forward``) skips its forward and backward too: its loss and gradient are exactly 0,
+        known without computing them; ``skipped_minibatches`` counts those, ``no_signal`` marks a
+        step where every minibatch was (bypass: their rows' entropy is unmeasured, NaN)."""
         c = self.cfg
         n, width = len(batch.sequences), batch.mask.shape[1]
         gen = torch.Generator().manual_seed(_seed(c.seed, step, 2))
-        entropy = torch.zeros_like(batch.logp_infer)
+        entropy = torch.full_like(batch.logp_infer, math.nan)
         sums: dict[str, float] = {}
-        count = 0
+        count = skipped = 0
         snapshot = None
         for epoch in range(c.epochs):
             for idx in torch.randperm(n, generator=gen).chunk(c.minibatches):
                 rows = idx.tolist()
+                if not needs_forward(adv[idx], c.kl_coef):
+                    skipped += 1
+                    continue
                 fwd = forward(self.model, [batch.sequences[i] for i in rows],
                               None if routing is None else [routing[i] for i in rows],
                               prompt_lens=[batch.prompt_lens[i] for i in rows] if c.shared_prefix else None)
@@ -268,7 +237,14 @@ class Trainer:
                              "opt_skipped": float(no_signal)}.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
-        return {**{k: v / count for k, v in sums.items()}, "nan_skipped": False, "_entropy": entropy}
+        total = count + skipped  # a skipped minibatch: loss 0, gradient 0, no optimizer step
+        # the loss's own diagnostics (ratio_mean, clip fractions, ESPO's groups...) describe the
+        # minibatches that ran; with none, they were not measured: NaN, so every step has the same columns
+        ran = {k: v / count for k, v in sums.items()} if count else dict.fromkeys(loss_metric_names(c), math.nan)
+        return {**ran, "loss": sums.get("loss", 0.0) / total, "grad_norm": sums.get("grad_norm", 0.0) / total,
+                "opt_skipped": (sums.get("opt_skipped", 0.0) + skipped) / total,
+                "skipped_minibatches": float(skipped), "no_signal": float(count == 0),
+                "nan_skipped": False, "_entropy": entropy}
 
     # ------------------------------------------------------------------ pieces
     def problems(self, step: int) -> list[tasks.Problem]:
@@ -293,52 +269,46 @@ class Trainer:
             return 0.0, True
 
     def evaluate(self) -> float:
-        """Greedy accuracy on the held-out split (with the rollout engine, as it would be served)."""
-        if not self.eval_set:
-            return math.nan
+        """Held-out accuracy: the share of held-out problems the greedy policy solves exactly."""
+        return self.held_out()["eval_accuracy"]
+
+    def held_out(self) -> dict[str, float]:
+        """Greedy completions of the held-out split (with the rollout engine, as it would be
+        served) -> ``eval_accuracy`` (exactly correct, ``minirl.tasks.is_correct``) and
+        ``eval_reward`` (the mean reward, partial credit included)."""
         prompts = [encode(self.tokenizer, p.prompt)[0] for p in self.eval_set]
-        params = SamplingParams(n=1, max_new_tokens=self.cfg.max_new_tokens, temperature=0.0)
-        texts = [text for _, text in generate(self, prompts, params)]  # multi-turn for a tool task
-        return sum(self.verify(p, text)[0] > 0 for p, text in zip(self.eval_set, texts)) / len(self.eval_set)
+        texts = [text for _, text in generate(self, prompts, self.eval_params())] if prompts else []
+        return self.score_held_out(texts)
 
-    def _save(self) -> None:
-        checkpointing.save(self.out / "checkpoint", self.model, self.opt,
-                           {"step": self.step, "nan_streak": self.nan_streak, "rows": self.log.rows,
-                            "events": self.log.events, "config": self.cfg.to_dict(),
-                            "model_identity": checkpointing.model_identity(self.cfg.model)})
-        self.saved_step = self.step
+    def eval_params(self) -> SamplingParams:
+        return SamplingParams(n=1, max_new_tokens=self.cfg.max_new_tokens, temperature=0.0)
 
-    def _restore(self) -> None:
-        """Continue from the checkpoint: refuse what it cannot continue (a damaged file, a step
-        outside the run, a changed model/task/seed...), apply what may change (``minirl.training.resume``)."""
-        path = self.out / "checkpoint"
-        recovered = not path.exists()  # only .checkpoint.old survived a crash mid-save
-        state = checkpointing.load(path, self.model, self.opt)
-        saved = state.get("config") if isinstance(state.get("config"), dict) else {}
-        step, rows = state.get("step"), state.get("rows")
-        last = saved.get("steps") if isinstance(saved.get("steps"), int) else self.cfg.steps
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= last \
-                or not isinstance(rows, list) or len(rows) != step:
-            raise checkpointing.CheckpointError(
-                f"{path / 'state.json'}: step={step!r} with {len(rows) if isinstance(rows, list) else rows!r} metric "
-                f"rows, but a checkpoint of this run has a step in [0, steps={last}] and one row per step; the file "
-                f"is damaged: restore it from a copy, or start again with --overwrite")
-        if step > self.cfg.steps:
-            raise ValueError(f"steps={self.cfg.steps}, but the checkpoint in {path} is already at step {step}; "
-                             f"set steps >= {step}")
-        identity = state.get("model_identity")
-        same_model = identity == checkpointing.model_identity(self.cfg.model) if identity else \
-            saved.get("model", self.cfg.model) == self.cfg.model
-        applied = changes(saved, self.cfg.to_dict(), same_model)
-        for group in self.opt.param_groups:  # the checkpoint's groups hold the old values
+    def score_held_out(self, texts: list[str]) -> dict[str, float]:
+        """``held_out``'s metrics of ``texts``, one per held-out problem (NaN with none)."""
+        if not self.eval_set:
+            return {"eval_accuracy": math.nan, "eval_reward": math.nan}
+        correct, rewards = [], []
+        for problem, text in zip(self.eval_set, texts, strict=True):
+            rewards.append(self.verify(problem, text)[0])
+            try:
+                correct.append(tasks.is_correct(self.task, problem, text))
+            except Exception:  # noqa: BLE001 - as in verify: a checker bug costs one problem, not the run
+                correct.append(False)
+        n = len(self.eval_set)
+        return {"eval_accuracy": sum(correct) / n, "eval_reward": sum(rewards) / n}
+
+    # ------------------------------------------------------------------ the lifecycle's Policy
+    def save_checkpoint(self, path: Path, state: dict) -> None:
+        checkpointing.save(path, self.model, self.opt, state)
+
+    def load_checkpoint(self, path: Path) -> dict:
+        return checkpointing.load(path, self.model, self.opt)
+
+    def resumed(self, step: int) -> None:
+        """The checkpoint's optimizer groups hold the old values: take the config's (a resume may
+        change them), and serve the restored weights."""
+        for group in self.opt.param_groups:
             group.update(lr=self.cfg.lr, betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay)
-        self.step, self.nan_streak, self.saved_step = step, int(state.get("nan_streak", 0)), step
-        self.log = RunLog(self.log.path, rows, state.get("events"))
-        if recovered:
-            self.log.note(step, f"resumed from {path.with_name('.checkpoint.old')} (a save was interrupted)")
-        for key, (old, new) in applied.items():
-            self.log.note(step, f"{key} changed on resume at step {step}: {old!r} -> {new!r}")
-        self.log.flush()
         self.engine.load_weights(self.model)
 
 
@@ -410,6 +380,16 @@ def policy_loss(c: TrainConfig, logp: torch.Tensor, logp_old: torch.Tensor, adv:
         loss, m = espo.espo_loss(logp, logp_old, adv, entropy_old, mask, vocab_size, cfg)
         return loss, {"pg_loss": float(loss.detach()), **{k.replace("/", "_"): v for k, v in m.items()}}
     return losses.ppo_clip_loss(logp, logp_old, adv, mask, c.eps_low, c.eps_high, c.dual_clip, weights, c.agg)
+
+
+def loss_metric_names(c: TrainConfig) -> tuple[str, ...]:
+    """The names of the metrics ``policy_loss`` logs for ``c``, read off one call on a 1x2 dummy
+    minibatch (no model involved, microseconds), so a step whose minibatches were all skipped
+    still logs them (NaN: not measured)."""
+    z = torch.zeros(1, 2)
+    with torch.no_grad():
+        _, m = policy_loss(c, z, z, torch.zeros(1), torch.ones(1, 2), torch.ones(1, 2), torch.ones(1, 2), 2)
+    return tuple(m)
 
 
 def reshape(adv: torch.Tensor, rewards: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor, group_size: int,

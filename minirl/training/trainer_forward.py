@@ -66,7 +66,7 @@ def forward(model: torch.nn.Module, sequences: list[list[int]],
     valid = torch.arange(length - 1, device=device)[None, :] < (torch.tensor(lens, device=device)[:, None] - 1)
     targets = ids[:, 1:][valid]  # [N]
     weight = model.get_output_embeddings().weight  # [V, H]
-    lp, ent = kernels.fast("logprobs", device)(hidden[:, :-1][valid], weight, targets)  # [N] each
+    lp, ent = kernels.get("logprobs", "chunked")(hidden[:, :-1][valid], weight, targets)  # [N] each
     logp = torch.zeros(b, length - 1, dtype=torch.float32, device=device).masked_scatter(valid, lp.float())
     entropy = torch.zeros_like(logp).masked_scatter(valid, ent.detach().float())
     routing = None
@@ -74,6 +74,16 @@ def forward(model: torch.nn.Module, sequences: list[list[int]],
         stacked = torch.stack(calls, dim=1).view(b, length, len(calls), -1)  # [B, L, n_moe, k]
         routing = [stacked[i, :n].cpu() for i, n in enumerate(lens)]
     return Forward(logp, entropy, valid, routing)
+
+
+def needs_forward(advantages: torch.Tensor, kl_coef: float) -> bool:
+    """Whether a minibatch's update can move the weights, so its forward and backward are worth running.
+
+    Every policy loss (PPO clip and dual-clip, GSPO, ESPO) is a clipped ratio times the advantage,
+    so with every advantage exactly 0 (all groups rewarded alike) its value and gradient are exactly
+    0 whatever the logprobs; the KL to the reference is the one term that stays. RL-ZVP reshaping
+    (``zero_variance: reshape``) writes non-zero per-token advantages, so it is never skipped."""
+    return kl_coef > 0 or bool(advantages.any())
 
 
 def _forward_shared_prefix(model: torch.nn.Module, sequences: list[list[int]], prompt_lens: list[int]
@@ -119,8 +129,8 @@ def _forward_shared_prefix(model: torch.nn.Module, sequences: list[list[int]], p
     pairs, inverse = torch.unique(at * vocab + targets, return_inverse=True)
     weight = model.get_output_embeddings().weight  # [V, H]
     flat = hidden.reshape(n_rows * width, -1)
-    lp, ent = kernels.fast("logprobs", device)(flat[(pairs // vocab).to(device)], weight,
-                                              (pairs % vocab).to(device))  # [U] each
+    lp, ent = kernels.get("logprobs", "chunked")(flat[(pairs // vocab).to(device)], weight,
+                                                (pairs % vocab).to(device))  # [U] each
     inverse = inverse.to(device)
     lens = [len(s) for s in sequences]
     length = max(lens)

@@ -1,11 +1,32 @@
-"""Shared fixtures: one tiny RL config, and the in-process sync run every mode is compared to."""
+"""Shared fixtures: one tiny RL config, the in-process sync run every mode is compared to, and a
+module's local Ray cluster."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from minirl.scale_out.async_loop import run
 from minirl.training.train_config import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local 2-CPU Ray cluster for one test module (its workers see this process's environment)."""
+    import ray
+
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "240")  # as minirl.scale_out.ray_actors.connect does
+    for attempt in range(3):  # Ray gives its raylet a fixed 30 s to register: too short on a loaded host
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception:  # noqa: BLE001 - "The current node timed out during startup"
+            ray.shutdown()
+            if attempt == 2:
+                raise
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ keeps its invariants, and bad cluster settings fail clearly and fast."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import pytest
@@ -22,18 +21,8 @@ from .conftest import same_metrics  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster():
-    os.environ.setdefault("RAY_raylet_start_wait_time_s", "240")  # as minirl.scale_out.ray_actors.connect does
-    for attempt in range(3):  # Ray gives its raylet a fixed 30 s to register: too short on a loaded host
-        try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-            break
-        except Exception:  # noqa: BLE001 - "The current node timed out during startup"
-            ray.shutdown()
-            if attempt == 2:
-                raise
+def cluster(ray_cluster):
     yield
-    ray.shutdown()
 
 
 # 50-80 s on 2 cores (two Ray runs, an actor restart and a resume). The first run also dispatches

@@ -4,12 +4,15 @@ each hostile value of the round-2 pass is refused naming its key, its value and 
 from __future__ import annotations
 
 import math
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 
 import pytest
 
 from labs import cli
-from minirl.training import config_check
+from minirl.training import config_check, config_file
 from minirl.training.train_config import TrainConfig
 
 
@@ -26,7 +29,7 @@ from minirl.training.train_config import TrainConfig
     # ranges: key, value, the valid range and why
     (dict(n_eval=-5), "n_eval=-5: must be >= 0"),
     (dict(steps=-3), "steps=-3: must be >= 1"),
-    (dict(temperature=0), "temperature=0.0: must be > 0 and finite (0 is greedy decoding"),
+    (dict(temperature=0), "temperature=0.0: must be >= 0.01 and finite (0 is greedy decoding"),
     (dict(kl_coef=-1), "kl_coef=-1.0: must be >= 0 and finite"),
     (dict(eps_low=1.5), "eps_low=1.5: must be >= 0 and < 1"),
     (dict(sft_steps=-5), "sft_steps=-5: must be >= 0"),
@@ -87,3 +90,89 @@ def test_cli_set_names_the_key(tmp_path, capsys):
     path.write_text("model: [unclosed\n")
     assert cli.main(["train", "--config", str(path)]) == 2
     assert "not valid YAML" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, values, message", [
+    # round 3 (issue 38): sizes that could only hang or exhaust memory, each with its reason
+    ("C02", dict(n_train=10**9), "n_train=1000000000: must be >= 1 and <= 1000000 (the problems are drawn up front"),
+    ("C03", dict(prompts_per_step=10**8), "prompts_per_step=100000000: must be >= 1 and <= 65536"),
+    ("C04", dict(group_size=10**8), "group_size=100000000: must be >= 2 and <= 4096"),
+    ("C05", dict(max_new_tokens=10**30), "max_new_tokens=1000000000000000000000000000000: must be >= 1 and <= 1048576"),
+    ("C07", dict(epochs=10**9), "epochs=1000000000: must be >= 1 and <= 1000 (passes over each step's batch"),
+    ("C09", dict(temperature=1e-300), "temperature=1e-300: must be >= 0.01 and finite"),
+    ("C11b", dict(task="python_tool", tool_timeout_s=math.inf), "tool_timeout_s=inf: must be > 0 and <= 3600 (the "
+                                                                  "sandbox's limit for one tool call"),
+    ("C12b", dict(task="python_tool", tool_timeout_s=1e9), "tool_timeout_s=1000000000.0: must be > 0 and <= 3600"),
+    ("C39", dict(out_dir=""), "out_dir='': must not be empty ('' would write the run's files into the current "
+                              "directory)"),
+    ("batch", dict(prompts_per_step=65536, group_size=64), "prompts_per_step * group_size = 4194304: one step's "
+                                                           "rollouts, generated and held as one batch, must be <= "),
+])
+def test_sizes_that_only_hang_are_refused_with_a_reason(case, values, message):
+    with pytest.raises(ValueError) as err:
+        TrainConfig.from_dict(values)
+    assert message in str(err.value)
+
+
+def test_an_echoed_value_is_capped():
+    """Before (C19): the repr of a huge value in the type error took minutes and megabytes."""
+    with pytest.raises(ValueError) as err:
+        TrainConfig.from_dict(dict(betas=[0.5] * 100_000, task_kwargs={"digits": "x" * 10_000}))
+    assert "betas=[0.5, 0.5" in str(err.value) and len(str(err.value)) < 400
+    with pytest.raises(ValueError) as err:
+        TrainConfig.from_dict({"k" * 10_000: 1})
+    assert "unknown config key 'kkk" in str(err.value) and len(str(err.value)) < 3000
+
+
+LAUGHS = "task_kwargs:\n" + "".join(
+    f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9) if i else 'lol'}]\n" for i in range(9))
+
+
+@pytest.mark.parametrize("case, text, message", [
+    ("C15", "task_kwargs: " + "[" * 20_000 + "]" * 20_000, "line 1: nested too deep (more than 32 levels"),
+    ("C16", "task_kwargs: " + "{a: " * 20_000 + "1" + "}" * 20_000, "line 1: nested too deep (more than 32 levels"),
+    ("C18", LAUGHS, "line 2: YAML anchors and aliases (& and *) are not accepted"),
+    ("C19", "x: &a8 [1, 2]\nbetas: [*a8, *a8]\n", "line 1: YAML anchors and aliases (& and *) are not accepted"),
+    ("C27", "steps: 2\nsteps: 100000\n", "line 2: key 'steps' is given twice (first on line 1); keep one"),
+    ("C27b", "task_kwargs: {digits: 1, digits: 2}\n", "line 1: key 'digits' is given twice (first on line 1)"),
+])
+def test_a_config_file_is_read_safely_and_refusals_name_the_file(tmp_path, case, text, message):
+    """Before: a RecursionError, gigabytes of memory, a 254 MB message, or (C27) the last value won."""
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    for read in (config_file.read_config_file, TrainConfig.from_yaml):  # one loader behind both
+        with pytest.raises(ValueError) as err:
+            read(path)
+        assert str(err.value).startswith(f"{path}: ") and message in str(err.value), str(err.value)[:300]
+
+
+def test_the_cli_reads_through_the_same_loader(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"out_dir: {tmp_path / 'run'}\nsteps: 2\nsteps: 3\n")
+    assert cli.main(["train", "--config", str(path)]) == 2
+    assert f"{path}: line 3: key 'steps' is given twice" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    path.write_text(f"out_dir: {tmp_path / 'run'}\nsteps: 2\n")
+    assert cli.main(["train", "--config", str(path), "--set", "betas=&a [1, 2]"]) == 2
+    assert "--set 'betas=&a [1, 2]': line 1: YAML anchors and aliases" in capsys.readouterr().err
+
+
+def test_a_config_that_is_not_a_small_regular_file_is_refused_by_name(tmp_path):
+    """Before (C35): ``--config /dev/zero`` read until memory ran out, without naming the file."""
+    fifo, dev, big = tmp_path / "fifo", tmp_path / "zero", tmp_path / "big.yaml"
+    os.mkfifo(fifo)  # opening it would block: refused from its stat alone
+    os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # a /dev/zero of our own
+    big.write_text("# padding\n" * (config_file.MAX_BYTES // 10 + 1))
+    for path, message in [(fifo, "not a regular file"), (dev, "not a regular file"), (tmp_path, "not a regular file"),
+                          (big, "larger than 1 MiB"), (tmp_path / "none.yaml", "cannot read it (No such file")]:
+        with pytest.raises(ValueError, match=f"^{path}: {re.escape(message)}"):
+            config_file.read_config_file(path)
+
+
+def test_a_plain_config_still_reads():
+    text = "steps: 3\nbetas: [0.9, 0.99]\ntask_kwargs: {digits: 2}\nname: &not_an_anchor_in_a_string\n"
+    with pytest.raises(ValueError, match="anchors"):  # an anchor with no alias is refused too: none is needed
+        config_file.parse_yaml(text, "x")
+    assert config_file.parse_yaml("steps: 3\nbetas: [0.9, 0.99]\ntask_kwargs: {digits: 2}\nnote: 'a & b * c'\n",
+                                  "x") == {"steps": 3, "betas": [0.9, 0.99], "task_kwargs": {"digits": 2},
+                                           "note": "a & b * c"}

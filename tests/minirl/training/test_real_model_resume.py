@@ -31,7 +31,7 @@ from minirl.training import run_log
 pytestmark = pytest.mark.slow  # three processes that each load a 135M model: minutes on 2 cores
 
 REPO = Path(__file__).resolve().parents[3]
-STEPS = 2  # killed after step 1's checkpoint, the resume trains (and evaluates) step 1 in a new process
+STEPS = 2  # killed after step 1's checkpoint, the resume trains (and evaluates) step 1, then the final policy
 # 1-digit sums (SmolLM2 ~73 % right) and 16 tokens ("The answer is 12." fits): groups with mixed rewards,
 # so the steps really move the weights (2-digit sums in 8 tokens gave all-wrong groups and zero gradients)
 CONFIG = dict(task="chat_arithmetic", task_kwargs={"digits": 1, "second_digits": 1}, sft_steps=0, n_train=16,
@@ -106,10 +106,12 @@ def test_smollm2_run_killed_with_sigkill_resumes_bit_exactly(zoo, tmp_path, mlab
     _finish(mlab_train(part_cfg, "--resume"))
 
     full, part = _rows(full_out), _rows(part_out)
-    assert full["step"].tolist() == list(range(STEPS)) and full.keys() == part.keys()
+    # one row per step, then the final policy's evaluation in a row of its own (step = STEPS)
+    assert full["step"].tolist() == list(range(STEPS + 1)) and full.keys() == part.keys()
     for name in full:
         np.testing.assert_array_equal(part[name], full[name], err_msg=name)  # NaN == NaN here, bit for bit otherwise
-    assert np.nanmax(full["grad_norm"]) > 0 and np.isfinite(full["eval_accuracy"]).sum() == 2  # it learned, was scored
+    assert np.nanmax(full["grad_norm"]) > 0  # it learned
+    assert np.isfinite(full["eval_accuracy"]).sum() == STEPS + 1  # scored before each step and at the end
     for f in ("model.safetensors", "optimizer.safetensors"):
         a, b = load_file(full_out / "checkpoint" / f), load_file(part_out / "checkpoint" / f)
         assert a.keys() == b.keys() and len(a) > 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from labs import cli
-from minirl.training import resume, run_log
+from minirl.training import resume, run_dir, run_log
 from minirl import tasks
 from minirl.training.checkpointing import CheckpointError
 from minirl.training.resume import RunInterrupted
@@ -193,8 +193,8 @@ def test_cli_refuses_existing_run_and_ctrl_c_is_one_line(config, tmp_path, monke
     assert cli.main(["train", "--config", str(path), "--set", "steps=1"]) == 0
     capsys.readouterr()
     assert cli.main(["train", "--config", str(path)]) == 2
-    assert "already holds a run (metrics.nc, config.yaml, checkpoint, curves.png); continue it with --resume, " \
-           "replace it with --overwrite" in capsys.readouterr().err
+    assert "already holds a run (config.yaml, metrics.nc, checkpoint, curves.png); continue it with --resume, " \
+           "replace it with --overwrite (only the run's own files)" in capsys.readouterr().err
     _interrupt_at(monkeypatch, 1)
     assert cli.main(["train", "--config", str(path), "--overwrite"]) == 130
     err = capsys.readouterr().err  # one line (bars, if any, before it); no traceback
@@ -211,7 +211,8 @@ def test_mlab_plot_overlays_three_runs(config, tmp_path):
     runs = [train(config(f"run-{c}", correction=c, steps=1, checkpoint_every=0,
                          report_to="tensorboard" if c == "tis" else "none")).out_dir
             for c in ("none", "tis", "icepop")]
-    assert resume.existing_run(runs[0]) == ["metrics.nc", "config.yaml", "curves.png"]
+    assert run_dir.read_manifest(runs[0]) == list(run_dir.OWNED)
+    assert [f for f in run_dir.read_manifest(runs[1]) if f.startswith("tensorboard/events.out.tfevents.")]
     from minirl.training.plot import legend_labels
 
     assert legend_labels(runs) == ["correction=none", "correction=tis", "correction=icepop"]

@@ -15,6 +15,7 @@ import yaml
 
 import minirl
 from labs import cli
+from minirl import tasks
 from minirl.training import combinations
 from minirl.algorithms import losses
 from minirl.training.train_config import TrainConfig
@@ -23,7 +24,29 @@ from minirl.training.trainer import policy_loss, reshape
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 TINY = dict(sft_steps=0, n_train=8, n_eval=0, prompts_per_step=2, group_size=4, max_new_tokens=4, steps=2,
             minibatches=1, eval_every=0, checkpoint_every=0, progress=False)
+
+
+class MixedRewards:
+    """Arithmetic prompts rewarded by the parity of the completion: mixed rewards from the untrained
+    tiny model, so every group has signal. On arithmetic itself it never answers right, every
+    advantage is 0, and the update's forward (where a loss's own metrics come from) is skipped."""
+
+    name = "mixed_rewards"
+
+    def __init__(self, **_):
+        self.inner = tasks.get("arithmetic", digits=1)
+
+    def sample(self, rng):
+        return self.inner.sample(rng)
+
+    def verify(self, problem, completion):
+        return float(sum(map(ord, completion)) % 2 == 0)
+
+
+tasks.register("mixed_rewards", MixedRewards)
+SIGNAL = dict(task="mixed_rewards", task_kwargs={})
 SMALLER = {  # per file: what else has to shrink for a seconds-long run
+    "gspo": SIGNAL, "espo": SIGNAL,  # their metrics are the loss's: measured only where it runs
     "c3po": dict(c3po_token_budget=8, c3po_chunk_tokens=4),
     "python_tool_roc": dict(max_new_tokens=16, steps=1),
     "zero_variance_filter": dict(zero_variance_max_batches=2),
@@ -60,6 +83,8 @@ def test_config_runs(name, zoo, tmp_path, request):
     assert result.log_path.exists()
     missing = EXPECT[name] - set(result.rows[-1])
     assert not missing, f"{name}: no {missing} in the log"
+    unmeasured = {k for k in EXPECT[name] if not any(math.isfinite(r[k]) for r in result.rows if k in r)}
+    assert not unmeasured, f"{name}: {unmeasured} logged but never measured"
     assert all(r["nan_skipped"] == 0 for r in result.rows)
 
 

@@ -1,0 +1,180 @@
+"""One run's life in its ``out_dir``, the same for ``mode: sync``, ``async`` and ``ray``.
+
+The modes differ in where rollouts are made and where the model lives (this process, or a Ray
+actor); what a run leaves behind and how it continues must not differ, so it lives here once:
+
+* the run directory: locked for the run, a manifest of what it wrote, the previous run replaced
+  only by its own files (``minirl.training.run_dir``);
+* ``config.yaml`` at each start, ``metrics.nc`` after every step, TensorBoard scalars
+  (``report_to: tensorboard``), ``curves.png`` at the end;
+* evaluation of the policy before the first update (step 0), before every ``eval_every``-th
+  step's update, and of the final policy after the last update (a row of its own at
+  ``step = steps``, eval columns only);
+* checkpoints every ``checkpoint_every`` steps and after the last one;
+* resume: each changed value applied or refused by name (``minirl.training.resume``);
+* a stop after ``max_nan_steps`` non-finite steps, and Ctrl-C, each saying what is intact.
+
+A mode supplies a ``Policy`` (checkpoint, restore, held-out evaluation, wherever its model lives) and a loop
+that calls ``evaluation_due``/``record`` per step.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from minirl.training import checkpointing, plot
+from minirl.training.resume import RunInterrupted, changes
+from minirl.training.run_dir import RunDir
+from minirl.training.run_log import RunLog
+from minirl.training.train_config import TrainConfig
+
+
+class Policy(Protocol):
+    """The model being trained, wherever it lives."""
+
+    def save_checkpoint(self, path: Path, state: dict) -> None:
+        """Weights, optimizer, RNGs and the JSON-able ``state`` (``minirl.training.checkpointing``)."""
+
+    def load_checkpoint(self, path: Path) -> dict:
+        """Restore what ``save_checkpoint`` wrote; -> its ``state``."""
+
+    def resumed(self, step: int) -> None:
+        """After a restore at ``step``: take the config's optimizer values, serve the restored weights."""
+
+    def held_out(self) -> dict[str, float]:
+        """Held-out metrics of the current policy (``eval_accuracy``, ``eval_reward``)."""
+
+
+class Lifecycle:
+    """``open`` a run directory, then ``run`` a mode's loop in it."""
+
+    def __init__(self, config: TrainConfig, run_dir: RunDir) -> None:
+        self.cfg, self.dir, self.out = config, run_dir, run_dir.path
+        self.log = RunLog(self.out / "metrics.nc")
+        self.step, self.nan_streak = 0, 0
+        self.saved_step: int | None = None  # step of the last checkpoint this run wrote or resumed from
+        self.policy: Policy | None = None
+        self.board = None
+
+    @classmethod
+    @contextmanager
+    def open(cls, config: TrainConfig, resume: bool, overwrite: bool = True) -> Iterator[Lifecycle]:
+        """Lock ``config.out_dir`` for this run (refused by name when it cannot take it:
+        ``minirl.training.run_dir``); released on exit, however the run ends."""
+        run_dir = RunDir.open(config.out_dir, resume, overwrite)
+        try:
+            yield cls(config, run_dir)
+        finally:
+            run_dir.close()
+
+    def run(self, policy: Policy, resume: bool, loop: Callable[[int], None]) -> None:
+        """Start (fresh or resumed), ``loop(first_step)``, then evaluate the final policy and
+        plot. Ctrl-C raises ``RunInterrupted`` saying which checkpoint is intact."""
+        self.policy = policy
+        self._restore() if resume else self._start()
+        self.out.joinpath("config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        self._open_board()
+        try:
+            loop(self.step)
+            if self.cfg.eval_every:  # the policy after the last update, in a row of its own
+                self.log.append(self.cfg.steps, self.policy.held_out())
+                self._board_row(self.cfg.steps, self.log.rows[-1])
+        except KeyboardInterrupt:
+            kept = (f"the checkpoint at step {self.saved_step} is intact; resume with --resume"
+                    if self.saved_step is not None else
+                    f"no checkpoint was written (checkpoint_every={self.cfg.checkpoint_every}), so it cannot be "
+                    f"resumed; start again with --overwrite")
+            raise RunInterrupted(f"interrupted at step {self.step}; {kept}") from None
+        finally:
+            if self.board is not None:
+                self.board.close()
+        plot.plot_runs([self.out], self.out / "curves.png")
+
+    def evaluation_due(self, step: int) -> bool:
+        """Evaluate before step ``step``'s update (the final policy is ``run``'s)."""
+        return bool(self.cfg.eval_every) and step % self.cfg.eval_every == 0
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        """Step ``step`` is done: log its row, stop on repeated non-finite steps, checkpoint when due."""
+        self.log.append(step, metrics)
+        self._board_row(step, self.log.rows[-1])
+        self.step = step + 1
+        if metrics.get("nan_skipped"):
+            self.nan_streak += 1
+            if self.nan_streak >= self.cfg.max_nan_steps:
+                kept = (f"The checkpoint at step {self.saved_step} ({self.out / 'checkpoint'}) is intact"
+                        if self.saved_step is not None else
+                        f"No checkpoint was written (checkpoint_every={self.cfg.checkpoint_every})")
+                plot.plot_runs([self.out], self.out / "curves.png")
+                raise RuntimeError(
+                    f"loss was not finite for {self.nan_streak} steps in a row (last: step {step}); each was "
+                    f"skipped and the run stopped. {kept}; lower lr, enable a correction (icepop/tis), or "
+                    f"raise max_nan_steps")
+        else:
+            self.nan_streak = 0
+        every = self.cfg.checkpoint_every
+        if every and (self.step % every == 0 or self.step == self.cfg.steps):
+            self.policy.save_checkpoint(self.out / "checkpoint", {
+                "step": self.step, "nan_streak": self.nan_streak, "rows": self.log.rows, "events": self.log.events,
+                "config": self.cfg.to_dict(), "model_identity": checkpointing.model_identity(self.cfg.model)})
+            self.saved_step = self.step
+
+    # ------------------------------------------------------------------ start
+    def _start(self) -> None:
+        kept = self.dir.start()
+        if kept:
+            print(f"{self.out}: kept files this run did not write: {', '.join(kept)}", file=sys.stderr)
+
+    def _restore(self) -> None:
+        """Continue from the checkpoint: refuse what it cannot continue (a damaged file, a step
+        outside the run, a changed model/task/seed...), apply what may change (``minirl.training.resume``)."""
+        path = self.out / "checkpoint"
+        recovered = not path.exists()  # only .checkpoint.old survived a crash mid-save
+        state = self.policy.load_checkpoint(path)
+        saved = state.get("config") if isinstance(state.get("config"), dict) else {}
+        step, rows = state.get("step"), state.get("rows")
+        last = saved.get("steps") if isinstance(saved.get("steps"), int) else self.cfg.steps
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= last \
+                or not isinstance(rows, list) or len(rows) != step:
+            raise checkpointing.CheckpointError(
+                f"{path / 'state.json'}: step={step!r} with {len(rows) if isinstance(rows, list) else rows!r} metric "
+                f"rows, but a checkpoint of this run has a step in [0, steps={last}] and one row per step; the file "
+                f"is damaged: restore it from a copy, or start again with --overwrite")
+        if step > self.cfg.steps:
+            raise ValueError(f"steps={self.cfg.steps}, but the checkpoint in {path} is already at step {step}; "
+                             f"set steps >= {step}")
+        identity = state.get("model_identity")
+        same_model = identity == checkpointing.model_identity(self.cfg.model) if identity else \
+            saved.get("model", self.cfg.model) == self.cfg.model
+        applied = changes(saved, self.cfg.to_dict(), same_model)
+        self.policy.resumed(step)
+        self.step, self.nan_streak, self.saved_step = step, int(state.get("nan_streak", 0)), step
+        self.log = RunLog(self.log.path, rows, state.get("events"))
+        if recovered:
+            self.log.note(step, f"resumed from {path.with_name('.checkpoint.old')} (a save was interrupted)")
+        for key, (old, new) in applied.items():
+            self.log.note(step, f"{key} changed on resume at step {step}: {old!r} -> {new!r}")
+        self.log.flush()
+
+    # ------------------------------------------------------------------ TensorBoard
+    def _open_board(self) -> None:
+        if self.cfg.report_to != "tensorboard":
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        folder = self.out / "tensorboard"
+        before = set(folder.iterdir()) if folder.is_dir() else set()
+        self.board = SummaryWriter(str(folder), purge_step=self.step)
+        self.dir.claim(*(f"tensorboard/{p.name}" for p in sorted(set(folder.iterdir()) - before)))
+
+    def _board_row(self, step: int, row: dict) -> None:
+        if self.board is not None:
+            for name, value in row.items():
+                if name != "step" and value == value:  # NaN: not measured this step
+                    self.board.add_scalar(name, value, step)
