@@ -78,7 +78,13 @@ def test_dry_run_stage_numbers_say_what_the_stages_checked(dry_run):
 def test_dry_run_writes_the_rl_plot_and_steps_beside_the_report(dry_run):
     report, out = dry_run[0], Path(dry_run[2])
     rl = next(r for r in report["stages"] if r["stage"] == "gpu_rl")
-    assert rl["files"] == ["gpu_rl_steps.csv", "gpu_rl.png"]
+    import xarray as xr  # here, not at the top: the stage workers import this module (FAKES) within 2 s
+
+    logs = [f"gpu_rl_{''.join(c if c.isalnum() else '_' for c in arm)}.nc" for arm in dry_plan().gpu_rl["arms"]]
+    assert rl["files"] == [*logs, "gpu_rl_steps.csv", "gpu_rl.png"]
+    for log in logs:  # each arm's every metric per step, as a run's metrics.nc holds them
+        steps = xr.open_dataset(out / log)["step"].values.tolist()
+        assert steps == list(range(dry_plan().gpu_rl["config"]["steps"]))
     assert (out / "gpu_rl.png").read_bytes().startswith(b"\x89PNG")
     rows = (out / "gpu_rl_steps.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * dry_plan().gpu_rl["config"]["steps"]  # header + each arm's steps

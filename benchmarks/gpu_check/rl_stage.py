@@ -129,6 +129,7 @@ def gpu_rl(plan: Plan, rec: Recorder) -> None:
     ``steps`` or ``seconds``; then the checks: finite losses, a learning signal (non-zero
     gradients), trainer and engine on the device, every trainer logprob through the device's
     implementation (Triton on CUDA)."""
+    from minirl.training.run_log import RunLog
     from minirl.training.trainer import resolve_device
 
     spec = plan.gpu_rl
@@ -139,6 +140,7 @@ def gpu_rl(plan: Plan, rec: Recorder) -> None:
     rec.put("warm start s", time.perf_counter() - t0)
     calls: Counter[str] = Counter()
     steps: dict[str, list[dict]] = {arm: [] for arm in spec["arms"]}
+    logs = {arm: RunLog(rec.file(f"gpu_rl_{_slug(arm)}.nc")) for arm in spec["arms"]}  # every metric, per step
     with counted_logprobs(calls), tempfile.TemporaryDirectory() as tmp:
         arms = {arm: _trainer(arm, {**spec["config"], **changes, "model": str(model), "out_dir": f"{tmp}/{arm}"},
                               device, rec) for arm, changes in spec["arms"].items()}
@@ -147,7 +149,9 @@ def gpu_rl(plan: Plan, rec: Recorder) -> None:
             if time.perf_counter() - t0 > spec["seconds"]:
                 break
             for arm, (trainer, probe) in arms.items():
-                steps[arm].append(_row(step, trainer.train_step(step), probe))
+                metrics = trainer.train_step(step)
+                logs[arm].append(step, metrics)
+                steps[arm].append(_row(step, metrics, probe))
         seconds = time.perf_counter() - t0
     n = len(steps[next(iter(steps))])
     rec.put("steps per arm", n)
@@ -182,6 +186,11 @@ def _trainer(arm: str, config: dict, device: torch.device, rec: Recorder):  # no
                              f"{trainer.engine.device}")
     probe = trainer.engine = FlipProbe(trainer.engine, trainer.model)
     return trainer, probe
+
+
+def _slug(arm: str) -> str:
+    """An arm's name as a file name part (``grpo+icepop+r3`` -> ``grpo_icepop_r3``)."""
+    return "".join(c if c.isalnum() else "_" for c in arm)
 
 
 def _row(step: int, metrics: dict, probe: FlipProbe) -> dict:
