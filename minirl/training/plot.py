@@ -91,11 +91,10 @@ def seed_groups(run_dirs: list[str | os.PathLike]) -> list[tuple[str, list[int]]
     ``seed`` (and the ``IGNORED_KEYS``) are one curve. A label is ``key=value`` for each config key
     that differs between the curves; the directory name where that says nothing (one curve, or a
     run without config.yaml) or would not tell two curves apart; ``(N seeds)`` follows a band."""
-    import yaml
+    from minirl.training.config_file import read_config_file  # bounded, no aliases: a config cannot hang the plot
 
     dirs = [Path(d) for d in run_dirs]
-    configs = [yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").is_file() else None
-               for d in dirs]
+    configs = [read_config_file(d / "config.yaml") if (d / "config.yaml").is_file() else None for d in dirs]
     groups: dict[str, list[int]] = {}
     for i, c in enumerate(configs):
         key = repr(sorted((k, repr(v)) for k, v in c.items() if k not in (*IGNORED_KEYS, "seed"))) if c else str(i)

@@ -90,6 +90,18 @@ def test_a_capture_named_metrics_nc_is_refused_by_what_it_is(tmp_path, capsys):
     assert not (tmp_path / "fig.png").exists()
 
 
+def test_pl06_a_config_with_aliases_beside_a_real_log_is_refused_at_once(tmp_path, capsys):
+    """PL06: a 757-byte "billion laughs" config.yaml beside a real log hung mlab plot (killed at 120 s)."""
+    run = _run(tmp_path / "laughs", [0.1, 0.2])
+    laughs = "task_kwargs:\n" + "".join(
+        f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9) if i else 'lol'}]\n" for i in range(9))
+    (tmp_path / "laughs" / "config.yaml").write_text(laughs)
+    assert cli.main(["plot", run, "--out", str(tmp_path / "fig.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"{run}/config.yaml: line 2: YAML anchors and aliases (& and *) are not accepted" in err
+    assert not (tmp_path / "fig.png").exists()
+
+
 def test_out_under_a_file_says_not_a_directory(tmp_path, capsys):
     """PL07: ``--out /etc/passwd/x.png`` said "[Errno 17] File exists"."""
     run = _run(tmp_path / "run", [0.1, 0.2])
