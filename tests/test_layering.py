@@ -148,3 +148,18 @@ def test_no_public_name_shadows_a_submodule():
         mod = importlib.import_module(pkg)
         subs = {p.stem for p in Path(mod.__file__).parent.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
         assert not set(mod.__all__) & subs, pkg
+
+
+def test_minirl_modules_do_not_import_through_their_own_front_door():
+    """``from minirl import SamplingParams`` inside minirl climbs back up to the package and down
+    again (and, lazily resolved, hides the real arrow from this graph): import the defining module."""
+    import minirl
+
+    bad = []
+    for path in (REPO / "minirl").rglob("*.py"):
+        if path == REPO / "minirl" / "__init__.py":
+            continue
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "minirl" and not node.level:
+                bad += [f"{path.relative_to(REPO)}: {a.name}" for a in node.names if a.name in minirl.__all__]
+    assert not bad

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from minirl import SamplingParams
+from minirl.engine.sampling import SamplingParams
 
 
 def predict_lengths(engine: Any, prompts: list[list[int]], params: SamplingParams, draft_tokens: int = 32,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minirl import SamplingParams
+from minirl.engine.sampling import SamplingParams
 from minirl.training.learner import Learner
 from minirl.scale_out.reward_worker import Scores
 from minirl.training.train_config import TrainConfig

@@ -25,7 +25,9 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from minirl import Rollout, SamplingParams, tasks
+from minirl import tasks
+from minirl.engine.rollout import Rollout
+from minirl.engine.sampling import SamplingParams
 from minirl.scale_out.balancing import predict_lengths
 from minirl.scale_out.pipeline import COLUMNS, admit_prompts, learn_on, queue_config, staleness
 from minirl.training.learner import Learner

@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from minirl import Rollout, tasks
+from minirl import tasks
+from minirl.engine.rollout import Rollout
 
 
 @dataclass

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from minirl import SamplingParams
+from minirl.engine.sampling import SamplingParams
 from minirl.algorithms.roc import answer_format_penalty, tool_error_ratio
 from minirl.sandbox.runner import ToolResult, check_limits, run_python, truncate
 

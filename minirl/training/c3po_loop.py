@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minirl import Rollout, SamplingParams
+from minirl.engine.rollout import Rollout
+from minirl.engine.sampling import SamplingParams
 from minirl.scale_out.balancing import RewardOverlap
 from minirl.algorithms.c3po import C3poConfig, C3poScheduler, PoolRollout
 from minirl.training.groups import Drawn

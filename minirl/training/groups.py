@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minirl import SamplingParams
+from minirl.engine.sampling import SamplingParams
 from minirl.algorithms.roc import roc_select
 from minirl.training.sft import encode
 from minirl.tasks import Problem

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from minirl import Rollout, tasks
+from minirl import tasks
+from minirl.engine.rollout import Rollout
 
 from minirl.training import checkpointing
 from minirl.training.sft import encode

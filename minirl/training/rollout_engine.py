@@ -25,7 +25,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from minirl import Engine, EngineSpec, Knobs, Rollout, SamplingParams
+from minirl.engine.engine import Engine
+from minirl.engine.knobs import Knobs
+from minirl.engine.rollout import Rollout
+from minirl.engine.sampling import SamplingParams
+from minirl.engine.spec import EngineSpec
 
 
 @runtime_checkable

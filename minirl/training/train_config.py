@@ -307,7 +307,7 @@ def check_engine(spec: str) -> None:
     (naming the valid ones), a bad preset or option. A plugin's spec is the plugin's to read."""
     from importlib.metadata import entry_points
 
-    from minirl import EngineSpec
+    from minirl.engine.spec import EngineSpec
 
     head = spec.strip().split(",")[0].partition(":")[0].strip()
     plugins = sorted(ep.name for ep in entry_points(group="minirl.engines"))

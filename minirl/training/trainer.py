@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minirl import SamplingParams, tasks
+from minirl import tasks
+from minirl.engine.sampling import SamplingParams
 
 from minirl.algorithms import advantages, corrections, espo, losses, router_replay
 

@@ -44,7 +44,7 @@ class VllmRollouts:
     def from_spec(cls, spec: str, path: str | os.PathLike, dtype: str | None = None) -> "VllmRollouts":
         """``vllm[:DTYPE][,option=value...]`` (``minirl.EngineSpec``, the grammar of ``mlab check``),
         ``dtype`` is the run's ``engine_dtype``, and a dtype in the spec must agree with it."""
-        from minirl import EngineSpec
+        from minirl.engine.spec import EngineSpec
 
         parsed = EngineSpec.parse(spec)
         if parsed.kind != "vllm":
