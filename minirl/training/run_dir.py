@@ -143,13 +143,13 @@ def _check_checkpoint(path: Path, entries: list[str]) -> None:
 
 
 def _saved_config(path: Path) -> dict:
-    import yaml
+    """The run's saved config for a message, or {} (through the bounded, alias-free reader)."""
+    from minirl.training.config_file import read_config_file
 
     try:
-        saved = yaml.safe_load((path / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+        return read_config_file(path / "config.yaml")
+    except ValueError:
         return {}
-    return saved if isinstance(saved, dict) else {}
 
 
 def read_manifest(path: str | os.PathLike) -> list[str] | None:
