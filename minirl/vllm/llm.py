@@ -22,6 +22,12 @@ from typing import Iterable, Mapping
 import torch
 
 ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+# Prefills are scheduled whole, never chunked: a chunk's sampled token is discarded and vLLM 0.32
+# rewinds that request's seeded generator with ``Generator.set_offset``, which a CPU generator
+# refuses ("CPU Generator does not use offset"). Seeded rollouts whose prompts add up to more than
+# one step's token budget (4,096: 128 rollouts of a 45-token prompt) crashed mid-run. Whole
+# prefills wait for the next step instead; budgets below it schedule exactly as before.
+WHOLE_PREFILLS = {"enable_chunked_prefill": False}
 
 
 class VllmUnavailable(RuntimeError):
@@ -88,7 +94,7 @@ def create_llm(path: str | os.PathLike, dtype: str | None = None, **options: obj
 
     kwargs = {k: v for k, v in options.items() if k != "prefix_caching"}
     llm = LLM(model=str(path), dtype=dtype, enforce_eager=True, use_tqdm_on_load=progress_enabled(),
-              enable_prefix_caching=bool(options.get("prefix_caching", False)), **kwargs)
+              enable_prefix_caching=bool(options.get("prefix_caching", False)), **WHOLE_PREFILLS, **kwargs)
     keep_parallel_groups(llm)
     return llm
 

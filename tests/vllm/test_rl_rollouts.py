@@ -39,6 +39,21 @@ def test_rollouts_carry_raw_logprobs_of_the_sampled_tokens(zoo, vllm_llm):
         assert o.finish_reason in ("stop", "length")
 
 
+def test_seeded_rollouts_beyond_one_steps_token_budget(vllm_llm):
+    """128 seeded rollouts of 45-token prompts (5,760 prefill tokens, over the 4,096 of one step)
+    crashed vLLM's CPU runner ("CPU Generator does not use offset") when it chunked a prefill:
+    ``adaptive_group`` at N = 32 on the real-model recipe. Prefills are now scheduled whole."""
+    llm = vllm_llm("tiny-qwen3-moe", "float32")
+    engine = VllmRollouts(llm)
+    prompts = [list(range(3 + i, 48 + i)) for i in range(4)]
+    budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    assert budget < 32 * sum(map(len, prompts))  # the case that chunked
+    params = SamplingParams(n=32, max_new_tokens=4, temperature=1.0, seed=3)
+    first, again = engine.generate(prompts, params), engine.generate(prompts, params)
+    assert len(first) == 128 and [o.prompt_ids for o in first[::32]] == prompts
+    assert [o.token_ids for o in first] == [o.token_ids for o in again]  # the seed still decides
+
+
 def test_short_rl_run_with_vllm_rollouts_raises_reward(zoo, tmp_path):
     """``engine: vllm`` in the config: the spec reaches VllmRollouts through make_engine."""
     cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, engine="vllm,max_model_len=256")
