@@ -25,7 +25,9 @@ import torch
 from aligntools.sites import parse
 
 SEARCH: dict[str, tuple] = {
-    "weights": ("none", "fp8_e4m3", "int8", "int4"),  # first: a quantized engine's gap dwarfs the rest
+    # first: a quantized engine's gap dwarfs the rest
+    "weights": ("none", "fp8_e4m3", "int8", "int4", "fp8_e4m3_tensor"),
+    "activations": ("none", "fp8"),  # W8A8: vLLM's fp8 linear layers quantize their inputs per token
     "rmsnorm": ("fused_add", "hf", "fp32_residual", "bf16_compute"),
     "activation": ("fused_silu_mul", "hf"),
     "rope": ("cached_table", "hf", "fp32_compute"),
@@ -37,6 +39,9 @@ SEARCH: dict[str, tuple] = {
     "batch_invariant": (False, True),
 }
 """Knobs a prefill capture can tell apart (decode / KV-cache / TP knobs need other captures)."""
+OWN_ATTENTION = ("bailing_hybrid",)
+"""model_types whose minirl model has its own attention, so ``Knobs(activations=...)`` is refused
+(``Transformer.quantizes_activations``; a test holds the two equal)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,8 @@ def fingerprint(capture, model_path: str | os.PathLike, *, passes: int = 2, prog
     _check_same_model(ds, ids, model_path, config, allow_different_models)
     _check_finite(ds, sites)
     search = {k: v for k, v in SEARCH.items() if k not in ("router_dtype", "expert_sum_order") or _is_moe(config)}
+    if config.get("model_type") in OWN_ATTENTION:  # the engine refuses activations=fp8 there
+        search.pop("activations")
     cache: dict[tuple, tuple[float, float, object]] = {}
     bar = tqdm(desc="fingerprint", unit="setting", disable=not progress)
 

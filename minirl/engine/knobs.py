@@ -51,11 +51,18 @@ class Knobs:
 
     weights: str = "none"
     """Quantization of the linear layers' weights (``minirl.engine.quantize``): ``none``,
-    ``fp8_e4m3`` (per-output-channel scale), ``int8`` (per-output-channel, symmetric) or
-    ``int4`` (GGUF Q4_0 blocks of 32). Applied at load and at every ``load_weights`` sync,
-    dequantized before the GEMM; embeddings, lm_head and the MoE router stay unquantized, as
-    in vLLM's FP8 models. Quantized rollouts (FlashRL, QeRL, FP8 rollouts in verl/slime) are
-    the largest train-inference mismatch real RL stacks run with."""
+    ``fp8_e4m3`` (per-output-channel scale, llm-compressor FP8 checkpoints), ``fp8_e4m3_tensor``
+    (one scale per matrix, vLLM's online ``quantization="fp8"``), ``int8`` (per-output-channel,
+    symmetric) or ``int4`` (GGUF Q4_0 blocks of 32). Applied at load and at every
+    ``load_weights`` sync, dequantized before the GEMM; embeddings, lm_head and the MoE router
+    stay unquantized, as in vLLM's FP8 models. Quantized rollouts (FlashRL, QeRL, FP8 rollouts
+    in verl/slime) are the largest train-inference mismatch real RL stacks run with."""
+
+    activations: str = "none"
+    """Quantization of the quantized linear layers' inputs: ``none`` or ``fp8`` (dynamic
+    per-token float8 e4m3, scale ``amax / 448``, vLLM's ``dynamic_per_token_scaled_fp8_quant``).
+    vLLM's FP8 linear layers are W8A8: with ``weights="fp8_e4m3_tensor"`` this is the
+    FlashRL-style online FP8 rollout; weights alone understate its mismatch."""
 
     activation: str = "fused_silu_mul"
     """SwiGLU ``silu(gate) * up``. ``fused_silu_mul``: computed in fp32 and rounded once (vLLM/
@@ -197,10 +204,10 @@ class Knobs:
         from minirl.engine.attention import BACKENDS
         from minirl.engine.moe import SUM_ORDERS
         from minirl.engine.ops import ACTIVATIONS, resolve_dtype
-        from minirl.engine.quantize import FORMATS
+        from minirl.engine.quantize import ACTIVATION_FORMATS, FORMATS
 
         choices = {"attention": BACKENDS, "decode": DECODE_MODES, "expert_sum_order": SUM_ORDERS,
-                   "activation": ACTIVATIONS, "weights": FORMATS}
+                   "activation": ACTIVATIONS, "weights": FORMATS, "activations": ACTIVATION_FORMATS}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"knob {name}={getattr(self, name)!r}; valid: {list(valid)}")

@@ -26,7 +26,7 @@ from minirl.engine.kv_cache import KVCache
 from minirl.engine.knobs import Knobs
 from minirl.engine.moe import MoEConfig, moe_forward
 from minirl.engine.ops import resolve_dtype, row_parallel_linear, silu_mul
-from minirl.engine.quantize import fake_quantize, unfit
+from minirl.engine.quantize import fake_quantize, fake_quantize_activations, unfit
 
 
 @dataclass
@@ -67,14 +67,36 @@ class Transformer:
         if knobs.rope == "cached_table":
             self.rope_kw["cache_dtype"] = resolve_dtype(knobs.rope_cache_dtype, dtype)
             self._build_rope_table()
+        self.act_quant = self._activation_quantizer()
         self.moe_cfg = MoEConfig(
             top_k=spec.top_k, renormalize=spec.renormalize,
             weights_in_logits_dtype=spec.topk_weights_in_logits_dtype, router_dtype=self.router_dtype,
             topk_fn=kernels.get("router_topk", knobs.topk), sum_order=knobs.expert_sum_order,
-            activation=knobs.activation, tp=knobs.tp)
+            activation=knobs.activation, tp=knobs.tp, act_quant=self.act_quant)
         self.scale = spec.head_dim ** -0.5
         self.w: dict[str, torch.Tensor] = {}
         self.layers: list[LayerWeights] = []
+
+    @classmethod
+    def quantizes_activations(cls) -> bool:
+        """Whether ``Knobs.activations`` reaches every linear layer: only this class's qkv / o /
+        gate_up / down / expert GEMMs call the quantizer, so an architecture with its own
+        attention has linear layers it would miss (and refuses the knob rather than half-apply)."""
+        return cls._attention is Transformer._attention
+
+    def _activation_quantizer(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """``Knobs.activations`` as a function on a linear layer's input, or None when off."""
+        fmt = self.knobs.activations
+        if fmt == "none":
+            return None
+        if not self.quantizes_activations():
+            raise ValueError(f"knob activations={fmt!r} is implemented for the llama/qwen layer layout, "
+                             f"not {type(self).__name__}'s own attention; use activations='none'")
+        return lambda x: fake_quantize_activations(x, fmt)
+
+    def _quantize_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A column-parallel GEMM's input as the quantized kernel reads it (unchanged when off)."""
+        return x if self.act_quant is None else self.act_quant(x)
 
     # ------------------------------------------------------------------ weights
     def _store_dtype(self, name: str) -> torch.dtype:
@@ -198,8 +220,8 @@ class Transformer:
     def _dense_mlp(self, x: torch.Tensor, gate_up: torch.Tensor, gate_up_bias: torch.Tensor | None,
                    down: torch.Tensor, down_bias: torch.Tensor | None) -> torch.Tensor:
         """SwiGLU MLP on the fused gate_up: x [N, H] -> [N, H]."""
-        act = silu_mul(F.linear(x, gate_up, gate_up_bias), self.knobs.activation)  # [N, I]
-        return row_parallel_linear(act, down, down_bias, self.knobs.tp)
+        act = silu_mul(F.linear(self._quantize_input(x), gate_up, gate_up_bias), self.knobs.activation)  # [N, I]
+        return row_parallel_linear(act, down, down_bias, self.knobs.tp, self.act_quant)
 
     def new_cache(self, rows: int, capacity: int, dtype: torch.dtype) -> KVCache:
         """The decode cache for ``rows`` sequences of up to ``capacity`` tokens, in ``dtype``."""
@@ -209,7 +231,7 @@ class Transformer:
     def _attention(self, x: torch.Tensor, lw: LayerWeights, batch: ForwardBatch, cache: KVCache | None,
                    i: int, emit: Callable | None, p: str) -> torch.Tensor:
         spec, n, h = self.spec, x.shape[0], self.spec.n_heads
-        qkv = F.linear(x, lw.qkv, lw.qkv_bias)  # [N, q + 2 kv]
+        qkv = F.linear(self._quantize_input(x), lw.qkv, lw.qkv_bias)  # [N, q + 2 kv]
         qk = qkv[:, : spec.q_size + spec.kv_size].view(n, h + spec.n_kv_heads, spec.head_dim)
         v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.n_kv_heads, spec.head_dim)
         if lw.q_norm is not None:  # per-head QK-norm (Qwen3), before RoPE
@@ -222,7 +244,7 @@ class Transformer:
             emit(p + "k", k.reshape(n, -1))
             emit(p + "v", v.reshape(n, -1))
         o = attention(q, k, v, batch, cache, i, self.knobs.attention, self.scale)  # [N, h*d]
-        return row_parallel_linear(o, lw.o, lw.o_bias, self.knobs.tp)
+        return row_parallel_linear(o, lw.o, lw.o_bias, self.knobs.tp, self.act_quant)
 
     def apply_rope(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """RoPE of x [N, heads, d] at ``batch.positions`` with the ``rope`` knob's kernel. A static

@@ -31,6 +31,7 @@ class MoEConfig:
     sum_order: str
     activation: str
     tp: int
+    act_quant: Callable[[torch.Tensor], torch.Tensor] | None = None  # Knobs.activations on the experts' inputs
 
 
 def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
@@ -66,14 +67,15 @@ def experts_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, g
         groups: _Padded | _Sorted = _Padded(flat, seen, cap=n)
     else:
         groups = _Padded(flat, seen) if _padding_is_cheap(seen) else _Sorted(flat, seen[-1])
-    g = groups.group(x.repeat_interleave(k, dim=0))  # pair rows, grouped by expert
+    quant = cfg.act_quant or (lambda t: t)
+    g = groups.group(quant(x).repeat_interleave(k, dim=0))  # pair rows, grouped by expert
     h = silu_mul(groups.linear(g, gate_up), cfg.activation)  # [..., I]
 
     out = None
     inter = h.shape[-1]
     for r in range(cfg.tp):  # row-parallel down projection: rank r owns intermediate slice r
         cols = slice(r * inter // cfg.tp, (r + 1) * inter // cfg.tp)
-        y = groups.ungroup(groups.linear(h[..., cols], down[..., cols])).view(n, k, -1)  # [N, k, H]
+        y = groups.ungroup(groups.linear(quant(h[..., cols]), down[..., cols])).view(n, k, -1)  # [N, k, H]
         part = _combine(y, weights, ids, cfg.sum_order)  # [N, H]
         out = part if out is None else out + part  # all-reduce in rank order
     return out

@@ -4,6 +4,8 @@ the row-parallel GEMM with tensor-parallel emulation, and the two SwiGLU flavour
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -49,14 +51,18 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device("cuda", index)
 
 
-def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, tp: int) -> torch.Tensor:
+def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, tp: int,
+                        quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """``x @ w.T (+ bias)`` computed as ``tp`` ranks would: each rank multiplies its slice of
     the input features, and the partial sums are added in rank order in the activation
     dtype (an all-reduce of bf16 partials). Bias is added once, on rank 0, as vLLM's
-    RowParallelLinear does. ``x``: [N, K], ``w``: [O, K] -> [N, O]."""
+    RowParallelLinear does. ``quant``: the input quantizer (``Knobs.activations``), applied to
+    each rank's slice, since each rank quantizes the input it holds. ``x``: [N, K], ``w``: [O, K] -> [N, O]."""
     if tp == 1:
-        return F.linear(x, w, bias)
+        return F.linear(x if quant is None else quant(x), w, bias)
     xs, ws = x.chunk(tp, dim=-1), w.chunk(tp, dim=-1)
+    if quant is not None:
+        xs = tuple(quant(xr) for xr in xs)
     out = F.linear(xs[0], ws[0], bias)
     for xr, wr in zip(xs[1:], ws[1:]):
         out = out + F.linear(xr, wr)

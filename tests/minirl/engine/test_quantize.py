@@ -107,6 +107,9 @@ def test_round_trip_error_bounds():
         errf = (fake_quantize(w, "fp8_e4m3").double() - w).abs()
         bound = torch.maximum(w.abs() * 2.0 ** -4, amax / 448 * 2.0 ** -10)  # half an ulp: 3 mantissa bits
         assert (errf <= bound * (1 + 1e-6)).all()
+        tensor_amax = w.abs().amax((-2, -1), keepdim=True)  # one scale per matrix: a coarser subnormal step
+        errt = (fake_quantize(w, "fp8_e4m3_tensor").double() - w).abs()
+        assert (errt <= torch.maximum(w.abs() * 2.0 ** -4, tensor_amax / 448 * 2.0 ** -10) * (1 + 1e-6)).all()
         blocks = w.reshape(*w.shape[:-1], -1, 32)
         d = (blocks.abs().amax(-1, keepdim=True) / 8).expand_as(blocks).reshape(w.shape)
         err4 = (fake_quantize(w, "int4").double() - w).abs()
@@ -123,7 +126,7 @@ def test_none_is_the_identity_and_zero_rows_stay_zero():
 @pytest.mark.parametrize("w, fmt, message", [
     (torch.zeros(4, 48), "int4",
      r"L0.o \(shape \(4, 48\)\) has 48 input features, not a multiple of int4's block of 32; use weights='int8'"),
-    (torch.zeros(4, 32), "int3", r"weights='int3'.*valid: \['none', 'fp8_e4m3', 'int8', 'int4'\]"),
+    (torch.zeros(4, 32), "int3", r"weights='int3'.*valid: \['none', 'fp8_e4m3', 'int8', 'int4', 'fp8_e4m3_tensor'\]"),
     (torch.zeros(32), "int8", r"L0.o: .*needs a matrix; got shape \(32,\)"),
 ])
 def test_bad_input_names_the_tensor_and_the_fix(w, fmt, message):

@@ -54,7 +54,7 @@ def test_each_format_moves_the_logprobs_in_order_of_its_precision(engine):
 
 
 def test_unknown_format_names_the_valid_ones(zoo):
-    with pytest.raises(ValueError, match=r"knob weights='int3'; valid: \['none', 'fp8_e4m3', 'int8', 'int4'\]"):
+    with pytest.raises(ValueError, match=r"knob weights='int3'; valid: \['none', 'fp8_e4m3', 'int8', 'int4', 'fp8_e4m3_tensor'\]"):
         Engine.from_pretrained(zoo(MOE), knobs=Knobs(weights="int3"))
     with pytest.raises(TypeError, match="knob weights=4 must be str"):
         Knobs(weights=4)
