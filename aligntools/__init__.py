@@ -18,3 +18,5 @@ __all__ = ["Attribution", "Capture", "CaptureBudgetExceeded", "CaptureFileError"
            "ReplayResult", "Tolerance", "Tracker", "assert_aligned", "attribute", "capture", "check_alignment",
            "compare", "explore", "plot_comparison", "replay"]
 __all__ += ["Fingerprint", "fingerprint"]
+from aligntools.drilldown import DrillResult, drill  # noqa: E402
+__all__ += ["DrillResult", "drill"]

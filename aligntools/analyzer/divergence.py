@@ -79,6 +79,12 @@ def upstream_sites(site: str, available: list[str]) -> tuple[str, ...]:
     return tuple(S.sort_sites(found))
 
 
+def jumps(error: float, upstream_error: float, limit: float, threshold: float = GROWTH_THRESHOLD) -> bool:
+    """The rule itself: above the limit and more than ``threshold`` x the inputs' error (an
+    infinite input error explains anything). Shared with ``aligntools.drill``, one level down."""
+    return error > limit and (error > threshold * upstream_error if np.isfinite(upstream_error) else False)
+
+
 def growth(errors: pd.Series, limits: pd.Series, threshold: float = GROWTH_THRESHOLD) -> pd.DataFrame:
     """Per site: error, limit, upstream sites, upstream error, growth factor, ``jumps``.
 
@@ -91,8 +97,7 @@ def growth(errors: pd.Series, limits: pd.Series, threshold: float = GROWTH_THRES
         e, e_up = float(errors[site]), max((float(errors[u]) for u in ups), default=0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             factor = float(np.float64(e) / np.float64(e_up)) if e > 0 else 0.0
-        jumps = e > limits[site] and (e > threshold * e_up if np.isfinite(e_up) else False)
-        rows.append((site, e, float(limits[site]), ups, e_up, factor, jumps))
+        rows.append((site, e, float(limits[site]), ups, e_up, factor, jumps(e, e_up, float(limits[site]), threshold)))
     return pd.DataFrame(rows, columns=["site", "error", "limit", "upstream", "upstream_error",
                                        "growth", "jumps"]).set_index("site")
 

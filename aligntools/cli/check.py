@@ -1,7 +1,7 @@
 """``mlab check``: the alignment gate from the command line (CI-friendly exit codes).
 
     mlab check --model PATH --train hf[:DTYPE][,attn=...] --infer minirl[:PRESET][,knob=value...] | vllm[:DTYPE]
-               [--dtype float32|bfloat16] [--tokens N] [--tolerance FILE] [--report out.html]
+               [--dtype float32|bfloat16] [--tokens N] [--tolerance FILE] [--report out.html] [--drill]
 
 Exit codes: 0 aligned, 1 misaligned, 2 usage error (bad path, unknown knob, unreadable
 checkpoint, unwritable report). A ``--report`` that is no place for a file (a device node, FIFO,
@@ -33,10 +33,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=int, default=256, help="tokens of built-in text to run (default: 256)")
     p.add_argument("--tolerance", default=None, help="JSON file overriding the per-site tolerance rules")
     p.add_argument("--report", default=None, help="write a self-contained HTML report here")
+    p.add_argument("--drill", action="store_true",
+                   help="also drill into the first divergent site: every tensor op of its module on both engines, "
+                        "the first op whose error jumps and the knob that aligns it (aligntools.drill)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from aligntools.drilldown.gate import drill_first_divergence
     from aligntools.gates.alignment import check_alignment
     from minirl import check_output_file
 
@@ -44,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.report, "report")
     result = check_alignment(args.model, train=args.train, infer=args.infer, dtype=args.dtype,
                              tokens=args.tokens, tolerance=args.tolerance, progress=sys.stderr.isatty())
+    note = drill_first_divergence(result, args.model, args.train, args.infer, args.dtype) if args.drill else None
     print(result.summary())
+    if note:
+        print(note)
     if args.report:
         print(f"report: {result.write_report(args.report)}")
     return 0 if result.passed else 1

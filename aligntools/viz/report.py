@@ -51,8 +51,15 @@ class Report:
         self.title = title
         self._blocks: list[str] = []
 
-    def heading(self, text: str) -> "Report":
-        self._blocks.append(f"<h2>{html.escape(text)}</h2>")
+    def heading(self, text: str, anchor: str | None = None) -> "Report":
+        """A section title; ``anchor``: its id, the target of ``link``."""
+        ident = f' id="{html.escape(anchor)}"' if anchor else ""
+        self._blocks.append(f"<h2{ident}>{html.escape(text)}</h2>")
+        return self
+
+    def link(self, text: str, anchor: str) -> "Report":
+        """A paragraph linking to the section whose heading has ``anchor``."""
+        self._blocks.append(f'<p><a href="#{html.escape(anchor)}">{html.escape(text)}</a></p>')
         return self
 
     def text(self, text: str) -> "Report":
