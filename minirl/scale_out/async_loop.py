@@ -83,6 +83,9 @@ def drive(backend, train: TrainConfig, life: Lifecycle, resume: bool) -> LoopRes
                 metrics.update(time_step=now - last, samples_per_s=train.prompts_per_step * train.group_size
                                / (now - last), queue_in_flight=backend.queue.stats()["in_flight"])
                 last = now
+                if life.monitor_due(k + 1):  # the monitor runs the engine in record: no rollout in flight
+                    for pending in launched.values():
+                        pending.result()
                 life.record(k, {**metrics, **held_out})
 
     life.run(backend, resume, loop)
@@ -140,11 +143,17 @@ class LocalBackend:
 
     def held_out(self) -> dict[str, float]:
         """Held-out metrics of the latest published weights (the producer is idle)."""
-        version = max(self.weights)
-        if self.engine_version != version:
+        self.serve_latest()
+        return self.learner.trainer.held_out()
+
+    def serve_latest(self) -> None:
+        """The engine loads the latest published weights now (the producer is idle): held-out
+        evaluation and the mismatch monitor see the learner's policy. Before the first publish it
+        already serves them (loaded or restored with the learner)."""
+        version = max(self.weights, default=None)
+        if version is not None and self.engine_version != version:
             self.engine.load_weights(self.weights[version])
             self.engine_version = version
-        return self.learner.trainer.held_out()
 
     def save_checkpoint(self, path: Path, state: dict) -> None:
         self.learner.trainer.save_checkpoint(path, state)

@@ -6,21 +6,29 @@ actor); what a run leaves behind and how it continues must not differ, so it liv
 * the run directory: locked for the run, a manifest of what it wrote, the previous run replaced
   only by its own files (``minirl.training.run_dir``);
 * ``config.yaml`` at each start, ``metrics.nc`` after every step, TensorBoard scalars
-  (``report_to: tensorboard``), ``curves.png`` at the end;
+  (``report_to: tensorboard``), ``curves.png`` at the end (and ``monitor.png`` with the monitor on);
 * evaluation of the policy before the first update (step 0), before every ``eval_every``-th
   step's update, and of the final policy after the last update (a row of its own at
   ``step = steps``, eval columns only);
 * checkpoints every ``checkpoint_every`` steps and after the last one;
+* the mismatch monitor (``monitor_every``, ``minirl.training.monitor``): a reading of the trainer
+  against the rollout engine at every step divisible by ``monitor_every``, from the first step
+  through ``steps`` (the final policy), each after the weight sync, kept in ``metrics.nc`` and
+  checkpoints, summarised in one sentence at the end;
 * resume: each changed value applied or refused by name (``minirl.training.resume``);
 * a stop after ``max_nan_steps`` non-finite steps, and Ctrl-C, each saying what is intact.
 
 A mode supplies a ``Policy`` (checkpoint, restore, held-out evaluation, wherever its model lives) and a loop
-that calls ``evaluation_due``/``record`` per step.
+that calls ``evaluation_due``/``record`` per step. The monitor reads the policy's trainer (``model``,
+``engine``, ``tokenizer``, ``eval_set``: the sync ``Trainer`` itself, or ``policy.learner.trainer``), and
+calls ``policy.serve_latest()`` where the engine may lag the published weights (async); a loop whose
+engine may be generating when ``record`` runs waits for it first where ``monitor_due(step + 1)``.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +36,7 @@ from typing import Protocol
 
 import yaml
 
-from minirl.training import checkpointing, plot
+from minirl.training import checkpointing, monitor, monitor_report, plot
 from minirl.training.resume import RunInterrupted, changes
 from minirl.training.run_dir import RunDir
 from minirl.training.run_log import RunLog
@@ -61,6 +69,8 @@ class Lifecycle:
         self.saved_step: int | None = None  # step of the last checkpoint this run wrote or resumed from
         self.policy: Policy | None = None
         self.board = None
+        self.monitor: monitor.Monitor | None = None  # with monitor_every > 0, while ``run`` runs
+        self.probe = None  # the monitor's token ids [1, monitor_tokens]
 
     @classmethod
     @contextmanager
@@ -81,6 +91,9 @@ class Lifecycle:
         self.out.joinpath("config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
         self._open_board()
         try:
+            self._open_monitor()
+            if self.monitor_due(self.step) and all(r["step"] != self.step for r in self.log.readings):
+                self._watch(self.step)  # a resumed run may have read this step before its checkpoint
             loop(self.step)
             if self.cfg.eval_every:  # the policy after the last update, in a row of its own
                 self.log.append(self.cfg.steps, self.policy.held_out())
@@ -95,6 +108,15 @@ class Lifecycle:
             if self.board is not None:
                 self.board.close()
         plot.plot_runs([self.out], self.out / "curves.png")
+        if self.log.readings:  # the monitor's heatmap and its sentence
+            self.dir.claim("monitor.png")
+            plot.plot_sites(self.out, self.out / "monitor.png")
+            print(f"mismatch monitor: {monitor_report.sentence(monitor_report.load(self.log.path))}")
+
+    def monitor_due(self, step: int) -> bool:
+        """Read the mismatch monitor at ``step`` (after the weight sync that precedes it)."""
+        every = self.cfg.monitor_every
+        return bool(every) and step % every == 0 and step <= self.cfg.steps
 
     def evaluation_due(self, step: int) -> bool:
         """Evaluate before step ``step``'s update (the final policy is ``run``'s)."""
@@ -118,10 +140,13 @@ class Lifecycle:
                     f"raise max_nan_steps")
         else:
             self.nan_streak = 0
+        if self.monitor_due(self.step):  # after step ``step``'s weight sync: the engine serves the next policy
+            self._watch(self.step)
         every = self.cfg.checkpoint_every
         if every and (self.step % every == 0 or self.step == self.cfg.steps):
             self.policy.save_checkpoint(self.out / "checkpoint", {
                 "step": self.step, "nan_streak": self.nan_streak, "rows": self.log.rows, "events": self.log.events,
+                "readings": self.log.readings,
                 "config": self.cfg.to_dict(), "model_identity": checkpointing.model_identity(self.cfg.model)})
             self.saved_step = self.step
 
@@ -155,12 +180,43 @@ class Lifecycle:
         applied = changes(saved, self.cfg.to_dict(), same_model)
         self.policy.resumed(step)
         self.step, self.nan_streak, self.saved_step = step, int(state.get("nan_streak", 0)), step
-        self.log = RunLog(self.log.path, rows, state.get("events"))
+        self.log = RunLog(self.log.path, rows, state.get("events"), state.get("readings"))
         if recovered:
             self.log.note(step, f"resumed from {path.with_name('.checkpoint.old')} (a save was interrupted)")
         for key, (old, new) in applied.items():
             self.log.note(step, f"{key} changed on resume at step {step}: {old!r} -> {new!r}")
         self.log.flush()
+
+    # ------------------------------------------------------------------ mismatch monitor
+    def _trainer(self):  # noqa: ANN202 - the Trainer, wherever the mode keeps it
+        return getattr(getattr(self.policy, "learner", None), "trainer", self.policy)
+
+    def _open_monitor(self) -> None:
+        """Build the monitor ``monitor.PROVIDER`` names and its probe (held-out problems)."""
+        if not self.cfg.monitor_every:
+            return
+        trainer = self._trainer()
+        limit = getattr(trainer.model.config, "max_position_embeddings", None)
+        if limit is not None and self.cfg.monitor_tokens > limit:
+            raise ValueError(f"monitor_tokens={self.cfg.monitor_tokens}: the probe is one sequence, and this model "
+                             f"takes at most {limit} positions; set monitor_tokens <= {limit}")
+        self.monitor = monitor.load(self.cfg.monitor_sites)
+        self.probe = monitor.probe_ids(trainer.tokenizer, trainer.eval_set, self.cfg.monitor_tokens)
+
+    def _watch(self, step: int) -> None:
+        """One reading at ``step``: kept in the log (and TensorBoard), with the seconds it took."""
+        t = time.perf_counter()
+        serve = getattr(self.policy, "serve_latest", None)
+        if serve is not None:  # async: the engine loads published weights only when it next generates
+            serve()
+        trainer = self._trainer()
+        reading = self.monitor.measure(step, trainer.model, trainer.engine, self.probe).to_dict()
+        self.log.read({**reading, "seconds": time.perf_counter() - t})
+        if self.board is not None:
+            for site, err in reading["rel_l2"].items():
+                self.board.add_scalar(f"monitor_rel_l2/{site}", err, step)
+            for layer, flips in reading["routing_flips"].items():
+                self.board.add_scalar(f"monitor_routing_flips/L{layer}", flips, step)
 
     # ------------------------------------------------------------------ TensorBoard
     def _open_board(self) -> None:

@@ -2,7 +2,10 @@
 
     mlab plot runs/grpo runs/tis runs/icepop --out fig.png
 
-or from Python, ``minirl.training.plot.plot_runs(["runs/grpo", "runs/icepop"], "fig.png")``. The seeds'
+or from Python, ``minirl.training.plot.plot_runs(["runs/grpo", "runs/icepop"], "fig.png")``.
+``mlab plot RUN --sites --out fig.png`` draws one run's mismatch monitor instead (``plot_sites``:
+a site x step heatmap of relative error and the routing flips per layer, titled by the computed
+sentence, ``minirl.training.monitor_report``). The seeds'
 figures are overlays of runs (GRPO vs TIS vs IcePop, C3PO++ vs baseline), so the legend names
 each run by what differs in its config (``config.yaml`` beside ``metrics.nc``): only the keys
 whose values differ between the runs, never the ones they share. Runs whose configs differ only
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from minirl.output_paths import check_output_file, temp_sibling
+from minirl.training.student_t import t_quantile
 
 if TYPE_CHECKING:  # matplotlib and xarray load on first use: `mlab --help` stays fast
     import xarray as xr
@@ -47,6 +51,16 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
     ``out`` that cannot take a figure (checked before any log loads)."""
     out = _check_out(Path(out))
     return _save(figure(run_dirs), out)
+
+
+def plot_sites(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write the mismatch monitor's figure of one run (``monitor_report.figure``) to ``out``;
+    a run without monitor readings is refused by name."""
+    from minirl.training import monitor_report
+
+    out = _check_out(Path(out))
+    _load(Path(run_dir))  # says what the directory holds when it is no run
+    return _save(monitor_report.figure(monitor_report.load(Path(run_dir) / "metrics.nc")), out)
 
 
 def figure(run_dirs: list[str | os.PathLike]) -> Figure:
@@ -143,24 +157,6 @@ def mean_ci(values: np.ndarray) -> tuple[float, list[float] | None]:
     return mean, [mean - half, mean + half]
 
 
-def t_quantile(p: float, df: int) -> float:
-    """Student-t quantile (no scipy here): bisection on the CDF, integrated by Simpson's rule."""
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-
-    def cdf(x: float) -> float:
-        grid = np.linspace(0.0, x, 4001)
-        y = c * (1 + grid ** 2 / df) ** (-(df + 1) / 2)
-        return 0.5 + (x / 12000) * float(y[0] + y[-1] + 4 * y[1:-1:2].sum() + 2 * y[2:-1:2].sum())
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plot", help="overlay the curves of minirl runs in one figure",
                               description="Reward, held-out accuracy, |Δ logprob|, masked ‰, grad norm and step "
@@ -169,11 +165,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "one band (mean, 95% interval).")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="out_dir of a minirl run (holds metrics.nc)")
     p.add_argument("--out", required=True, metavar="FIG", help="figure file to write (.png, .pdf, .svg)")
+    p.add_argument("--sites", action="store_true",
+                   help="one run's mismatch monitor (monitor_every): site x step heatmap of relative error and "
+                        "routing flips per layer, and the sentence that sums them up")
     p.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
-    print(plot_runs(args.runs, args.out))
+    if not args.sites:
+        print(plot_runs(args.runs, args.out))
+        return 0
+    from minirl.training import monitor_report
+
+    if len(args.runs) != 1:
+        raise ValueError(f"--sites draws one run's monitor; got {len(args.runs)} runs: pass one RUN_DIR")
+    print(plot_sites(args.runs[0], args.out))
+    print(monitor_report.sentence(monitor_report.load(Path(args.runs[0]) / "metrics.nc")))
     return 0
 
 

@@ -1,8 +1,8 @@
 """What a resumed run may change.
 
 A checkpoint records the config it was trained with. On ``--resume`` each value that differs is
-either *applied* from the resumed step on (``APPLIED``: how long to run, how often to evaluate or
-save, the optimizer's hyper-parameters, where to run) and recorded in the log as an event at that
+either *applied* from the resumed step on (``APPLIED``: how long to run, how often to evaluate,
+save or monitor, the optimizer's hyper-parameters, where to run) and recorded in the log as an event at that
 step, or *refused by name*: anything else changes what the steps already taken computed (model,
 task, seed, group size, engine, the objective...), so the resumed run would not be one run.
 A field added later is refused until it is listed here: the safe default.
@@ -10,7 +10,7 @@ A field added later is refused until it is listed here: the safe default.
 
 from __future__ import annotations
 
-APPLIED = ("steps", "eval_every", "checkpoint_every", "max_nan_steps", "progress", "report_to", "device", "out_dir",
+APPLIED = ("steps", "eval_every", "checkpoint_every", "monitor_every", "max_nan_steps", "progress", "report_to", "device", "out_dir",
            "lr", "weight_decay", "betas", "grad_clip",
            # where ray's workers run and in which order they are served: every sample keeps its seed
            "ray_address", "ray_num_cpus", "rollout_actors", "cpus_per_actor", "connect_timeout_s", "dispatch",

@@ -7,6 +7,10 @@ complete log readable. Logs are small (one row of floats per step), so rewriting
 Besides the rows, a log keeps *events*: what happened to the run itself at a step (a value
 changed on resume, a checkpoint recovered), in the dataset attribute ``events`` (JSON list of
 ``{"step": N, "event": text}``), so a curve's kink can be traced to its cause.
+
+With the mismatch monitor on (``monitor_every``, ``minirl.training.monitor``), a log also keeps its
+*readings*, one per monitor step, as arrays over the dims ``monitor_step`` x ``site`` (relative
+error) and ``monitor_step`` x ``layer`` (routing flips): docs/runs.md lists the variables.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ class RunLog:
     """Rows of ``{metric: float}`` keyed by step, mirrored to ``path`` after each ``append``."""
 
     def __init__(self, path: str | os.PathLike, rows: list[dict] | None = None,
-                 events: list[dict] | None = None) -> None:
+                 events: list[dict] | None = None, readings: list[dict] | None = None) -> None:
         self.path = Path(path)
         self.rows: list[dict] = [dict(r) for r in rows or []]
         self.events: list[dict] = [dict(e) for e in events or []]
+        self.readings: list[dict] = [dict(r) for r in readings or []]  # ``Reading.to_dict()``s, by step
 
     def note(self, step: int, event: str) -> None:
         """Record ``event`` (one line of text) at ``step``; written with the next ``flush``."""
@@ -42,10 +47,17 @@ class RunLog:
         self.rows.append({"step": int(step), **{k: float(v) for k, v in metrics.items()}})
         self.flush()
 
+    def read(self, reading: dict) -> None:
+        """Keep one monitor reading (``minirl.training.monitor.Reading.to_dict()``) and flush."""
+        self.readings.append(dict(reading))
+        self.flush()
+
     def flush(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         ds = to_dataset(self.rows)
+        if self.readings:
+            ds = ds.merge(monitor_dataset(self.readings))
         ds.attrs["events"] = json.dumps(self.events)
         ds.to_netcdf(tmp, engine="h5netcdf")
         os.replace(tmp, self.path)
@@ -58,6 +70,30 @@ def to_dataset(rows: list[dict]) -> xr.Dataset:
     names = sorted({k for r in rows for k in r} - {"step"})
     data = {n: ("row", np.array([r.get(n, math.nan) for r in rows], dtype=np.float64)) for n in names}
     return xr.Dataset(data, coords={"step": ("row", np.array([r["step"] for r in rows], dtype=np.int64))})
+
+
+def monitor_dataset(readings: list[dict]) -> xr.Dataset:
+    """Monitor readings -> ``monitor_rel_l2 [monitor_step, site]``, ``monitor_first_divergence
+    [monitor_step]`` (site name, '' for none), ``monitor_seconds [monitor_step]`` (the reading's
+    wall time) and ``monitor_routing_flips [monitor_step, layer]`` (absent for a dense model); a
+    value a reading lacks is NaN."""
+    import xarray as xr
+
+    sites = list(dict.fromkeys(s for r in readings for s in r["rel_l2"]))
+    layers = sorted({int(k) for r in readings for k in r["routing_flips"]})
+    rel = np.array([[r["rel_l2"].get(s, math.nan) for s in sites] for r in readings], dtype=np.float64)
+    data = {"monitor_rel_l2": (("monitor_step", "site"), rel.reshape(len(readings), len(sites))),
+            "monitor_first_divergence": ("monitor_step", np.array([r["first_divergence"] for r in readings],
+                                                                  dtype=object)),
+            "monitor_seconds": ("monitor_step", np.array([r.get("seconds", math.nan) for r in readings],
+                                                         dtype=np.float64))}
+    coords = {"monitor_step": np.array([r["step"] for r in readings], dtype=np.int64),
+              "site": np.array(sites, dtype=object)}
+    if layers:
+        flips = [[r["routing_flips"].get(str(i), math.nan) for i in layers] for r in readings]
+        data["monitor_routing_flips"] = (("monitor_step", "layer"), np.array(flips, dtype=np.float64))
+        coords["layer"] = np.array(layers, dtype=np.int64)
+    return xr.Dataset(data, coords=coords)
 
 
 def load(path: str | os.PathLike) -> xr.Dataset:

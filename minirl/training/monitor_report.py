@@ -1,0 +1,166 @@
+"""What the mismatch monitor's readings say: one sentence and one figure, computed from ``metrics.nc``.
+
+Why a fitted slope: one reading is noisy (a probe of a few dozen tokens, stats-mode bounds), so
+"the error grew" is said only when a least-squares line through every reading moves beyond its own
+95 % interval (Student t on the slope's standard error); otherwise the sentence says the change is
+within the noise. Errors are fitted on a log scale (they grow by factors), routing flips on a linear
+one (a share of tokens). Every number in the sentence comes from the run's arrays
+(``tests/minirl/training/test_monitor_report.py`` builds growing, flat and shrinking ones).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from minirl.training.student_t import t_quantile
+
+if TYPE_CHECKING:  # xarray and matplotlib load on first use
+    import xarray as xr
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A line ``a + b * step`` through the finite readings, its ends and whether it beats its noise."""
+
+    first: float  # fitted value at the first step
+    last: float  # fitted value at the last step
+    low: float  # the 95 % interval of ``last - first``
+    high: float
+    n: int
+
+    @property
+    def real(self) -> bool:
+        """The change's 95 % interval excludes 0: beyond the noise of the readings."""
+        return self.n >= 3 and (self.low > 0 or self.high < 0)
+
+
+def trend(steps: np.ndarray, values: np.ndarray) -> Trend | None:
+    """Least-squares line through the finite ``values``; None with fewer than 2 readings or one step."""
+    ok = np.isfinite(values)
+    x, y = np.asarray(steps, dtype=np.float64)[ok], np.asarray(values, dtype=np.float64)[ok]
+    if len(x) < 2 or np.ptp(x) == 0:
+        return None
+    b, a = np.polyfit(x, y, 1)
+    span = float(x.max() - x.min())
+    half = math.inf
+    if len(x) >= 3:
+        resid = y - (a + b * x)
+        se = math.sqrt(float(resid @ resid) / (len(x) - 2) / float(((x - x.mean()) ** 2).sum()))
+        half = t_quantile(0.975, len(x) - 2) * se * span
+    change = b * span
+    return Trend(float(a + b * x.min()), float(a + b * x.max()), change - half, change + half, len(x))
+
+
+def load(path: str | os.PathLike) -> xr.Dataset:
+    """A run's ``metrics.nc``, refused by name when it holds no monitor readings."""
+    from minirl.training.run_log import load as load_log
+
+    ds = load_log(path)
+    if "monitor_rel_l2" not in ds:
+        raise ValueError(f"{path} holds no mismatch monitor readings: the run had monitor_every: 0; run it with "
+                         f"monitor_every: N (e.g. 10) to read the trainer against the engine every N steps")
+    return ds
+
+
+def sentence(ds: xr.Dataset) -> str:
+    """The run's mismatch in one sentence: the site whose error changed most, the layer whose
+    routing flips changed most, and where the first divergence went."""
+    steps = ds["monitor_step"].values
+    span = f"from step {steps[0]} to {steps[-1]}"
+    if len(steps) < 3:
+        which = f"{len(steps)} readings ({span}) are" if len(steps) > 1 else f"1 reading (step {steps[0]}) is"
+        return (f"{which} too few to tell a trend from noise (3 or more: lower monitor_every or run longer); "
+                f"{_divergence(ds)}.")
+    parts = [_errors(ds, span), _flips(ds), _divergence(ds)]
+    return "; ".join(p for p in parts if p) + "."
+
+
+def _errors(ds: xr.Dataset, span: str) -> str:
+    steps, rel = ds["monitor_step"].values, ds["monitor_rel_l2"].values
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(rel > 0, np.log(rel), np.nan)
+    fits = {str(s): t for s, t in zip(ds["site"].values, (trend(steps, logs[:, j]) for j in range(rel.shape[1])))
+            if t is not None}
+    if not fits:
+        return f"no site had a nonzero error in 3 readings {span}"
+    real = {s: t for s, t in fits.items() if t.real}
+    site, t = max((real or fits).items(), key=lambda kv: abs(kv[1].last - kv[1].first))
+    factor = math.exp(t.last - t.first)
+    band = f"95 % interval {math.exp(t.low):.2g}–{math.exp(t.high):.2g}×"
+    if not real:
+        return f"no site's error changed beyond its noise {span} (largest: {site}, {factor:.2g}×, {band})"
+    verb = f"grew {factor:.2g}×" if factor > 1 else f"shrank to {factor:.2g}×"
+    return f"{site}'s error {verb} {span} ({band})"
+
+
+def _flips(ds: xr.Dataset) -> str:
+    if "monitor_routing_flips" not in ds:
+        return ""
+    steps, flips = ds["monitor_step"].values, ds["monitor_routing_flips"].values
+    fits = {int(i): t for i, t in zip(ds["layer"].values, (trend(steps, flips[:, j]) for j in range(flips.shape[1])))
+            if t is not None}
+    if not fits:
+        return ""
+    real = {i: t for i, t in fits.items() if t.real}
+    layer, t = max((real or fits).items(), key=lambda kv: abs(kv[1].last - kv[1].first))
+    ends = f"{100 * max(t.first, 0.0):.2g} % to {100 * max(t.last, 0.0):.2g} %"
+    if not real:
+        return f"routing flips stayed within their noise (most change: L{layer}, {ends} on the fitted line)"
+    return f"routing flips in L{layer} {'rose' if t.last > t.first else 'fell'} from {ends}"
+
+
+def _divergence(ds: xr.Dataset) -> str:
+    steps = ds["monitor_step"].values
+    where = [str(s) or "none" for s in ds["monitor_first_divergence"].values]
+    if all(w == "none" for w in where):
+        return "no site diverged beyond the noise floor"
+    if len(where) == 1:
+        return f"first divergence at {where[0]} at step {steps[0]}"
+    if where[-1] == where[0]:
+        moved = " (it moved in between)" if len(set(where)) > 1 else ""
+        return f"first divergence at {where[0]} from step {steps[0]} to {steps[-1]}{moved}"
+    since = len(where) - 1
+    while since > 0 and where[since - 1] == where[-1]:
+        since -= 1
+    return f"first divergence moved from {where[0]} to {where[-1]} at step {steps[since]}"
+
+
+def figure(ds: xr.Dataset) -> Figure:
+    """Left: site x monitor step heatmap of log10 relative error (bright = worse), each step's first
+    divergence marked; right: routing flips per MoE layer. The sentence is the title."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    steps, sites = ds["monitor_step"].values, [str(s) for s in ds["site"].values]
+    rel = ds["monitor_rel_l2"].values
+    fig = Figure(figsize=(13, max(4.0, 0.22 * len(sites) + 1.8)))
+    heat, lines = fig.subplots(1, 2, width_ratios=[1.6, 1])
+    with np.errstate(divide="ignore"):
+        shown = np.log10(np.where(rel > 0, rel, np.nan)).T  # [site, step]
+    image = heat.imshow(shown, aspect="auto", cmap="magma", interpolation="nearest")
+    fig.colorbar(image, ax=heat, label="log10 relative L2 error, engine vs trainer (bright = worse)")
+    for j, site in enumerate(ds["monitor_first_divergence"].values):
+        if str(site) in sites:
+            heat.plot(j, sites.index(str(site)), marker="x", color="cyan", markersize=8, mew=2)
+    heat.set_xticks(range(len(steps)), [str(s) for s in steps], rotation=90 if len(steps) > 12 else 0)
+    heat.set_yticks(range(len(sites)), sites, fontsize="small")
+    heat.set(xlabel="RL step", title="error per site (x: first divergence)")
+    if "monitor_routing_flips" in ds:
+        for j, layer in enumerate(ds["layer"].values):
+            lines.plot(steps, 100 * ds["monitor_routing_flips"].values[:, j], marker=".", label=f"L{layer}")
+        lines.legend(fontsize="small")
+    else:
+        lines.text(0.5, 0.5, "no MoE layer: no routing", ha="center", va="center", transform=lines.transAxes)
+    lines.set(xlabel="RL step", ylabel="probe tokens whose top-k expert set changed (%)", title="routing flips")
+    lines.xaxis.set_major_locator(MaxNLocator(integer=True))
+    lines.grid(alpha=0.3)
+    fig.suptitle("\n".join(textwrap.wrap(sentence(ds), 150)), fontsize="medium")
+    fig.tight_layout()
+    return fig
