@@ -36,7 +36,7 @@ import torch
 import yaml
 
 from labs import zoo
-from minirl.training.rollout_engine import make_engine
+from minirl.engines import build_engine
 from minirl.training.train_config import TrainConfig
 from minirl.training.trainer import Trainer
 
@@ -100,8 +100,8 @@ def compare(trainer: Trainer, new: TrainConfig, steps: int) -> None:
     base = trainer.cfg
     same_engine = (new.engine, new.engine_dtype) == (base.engine, base.engine_dtype)
     sides = {"base": (base, trainer.engine),
-             "new": (new, trainer.engine if same_engine else make_engine(new.engine, trainer.model_path,
-                                                                          new.engine_dtype))}
+             "new": (new, trainer.engine if same_engine else build_engine(new.engine, trainer.model_path,
+                                                                           new.engine_dtype, rollouts=True))}
     rows: dict[str, list[dict]] = {"base": [], "new": []}
     for step in range(steps):
         for name in ("base", "new") if step % 2 == 0 else ("new", "base"):

@@ -211,7 +211,7 @@ def compare_training(steps: int = 8, prompts_per_step: int = 8, group_size: int 
     tokens per step. ``engine`` is the rollout-engine spec of both arms (minirl's bf16 ``typical``
     by default; ``"vllm,prefix_caching=true"`` lets C3PO++'s resumes hit vLLM's prefix cache);
     IcePop corrects both."""
-    from minirl.training.driver import train_c3po
+    from minirl.driver import train_c3po
     from minirl.training.train_config import TrainConfig
     from minirl.training.trainer import Trainer
 

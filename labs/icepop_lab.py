@@ -30,7 +30,7 @@ from labs import zoo
 from minirl import Rollout, SamplingParams, tasks
 from minirl.algorithms import corrections
 from minirl.quiet import quiet_when_asked
-from minirl.training.rollout_engine import RolloutEngine, make_engine
+from minirl.engines import RolloutEngine, build_engine
 from minirl.training.sft import encode, warm_start
 from minirl.training.trainer import pack, resolve_model
 from minirl.training.trainer_forward import forward
@@ -78,7 +78,7 @@ def train_arms(steps: int = 20, prompts_per_step: int = 8, group_size: int = 8, 
                                  max_new_tokens=max_new_tokens, steps=steps, eval_every=0, checkpoint_every=0,
                                  engine=engine, engine_dtype=engine_dtype, correction=correction, lr=lr, seed=seed,
                                  out_dir=str(root / arm), progress=False)
-        rollout = make_engine(engine, resolve_model(cfg), engine_dtype)
+        rollout = build_engine(engine, resolve_model(cfg), engine_dtype, rollouts=True)
         if weight_noise > 0:  # the trainer starts from the same checkpoint: perturb before step 0 too
             rollout = NoisyEngine(rollout, weight_noise, seed)
             rollout.load_weights(_hf(resolve_model(cfg)))
@@ -141,7 +141,7 @@ def masked_share_sweep(noises: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.05
     batch = [encode(tok, p.prompt)[0] for p in problems]  # the training runs' prompts
     rows = []
     for noise in noises:
-        rollout = NoisyEngine(make_engine(engine, path, engine_dtype), noise, seed)
+        rollout = NoisyEngine(build_engine(engine, path, engine_dtype, rollouts=True), noise, seed)
         rollout.load_weights(hf)
         b = pack(rollout.generate(batch, SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=seed)))
         with torch.no_grad():

@@ -16,9 +16,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {"Engine": "minirl.engine", "Knobs": "minirl.engine", "SamplingParams": "minirl.engine",
-            "EngineSpec": "minirl.engine.spec", "Rollout": "minirl.engine.rollout",
+            "EngineSpec": "minirl.engines", "build_engine": "minirl.engines", "engine_kind": "minirl.engines",
+            "Rollout": "minirl.engine.rollout",
             "read_config": "minirl.engine.checkpoint", "read_safetensors": "minirl.engine.checkpoint",
-            "TrainConfig": "minirl.training.train_config", "train": "minirl.training.driver",
+            "TrainConfig": "minirl.training.train_config", "train": "minirl.driver",
             "trainer_logprobs": "minirl.training.trainer_forward",
             "check_output_file": "minirl.output_paths", "temp_sibling": "minirl.output_paths",
             "check_directory_takes_files": "minirl.output_paths", "OutputPathError": "minirl.output_paths"}
@@ -41,8 +42,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from minirl.engine import Engine, Knobs, SamplingParams
     from minirl.engine.checkpoint import read_config, read_safetensors
     from minirl.engine.rollout import Rollout
-    from minirl.engine.spec import EngineSpec
+    from minirl.engines import EngineSpec, build_engine, engine_kind
     from minirl.output_paths import OutputPathError, check_directory_takes_files, check_output_file, temp_sibling
-    from minirl.training.driver import train
+    from minirl.driver import train
     from minirl.training.train_config import TrainConfig
     from minirl.training.trainer_forward import trainer_logprobs

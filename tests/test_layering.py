@@ -78,12 +78,23 @@ def test_no_import_against_the_layering(importer, forbidden):
 
 def test_the_documented_rules_are_read():
     assert len(RULES) >= 10 and ("minirl", ("aligntools", "labs")) in RULES
+    assert ("minirl.training", ("minirl.scale_out", "minirl.driver")) in RULES  # inside minirl too
+
+
+def test_the_group_sources_never_see_the_trainer():
+    """The group sources get ``RolloutInputs`` (engine, tokenizer, problems, verifier), not the
+    ``Trainer``: not even an annotation-only import of it."""
+    for module in ("groups", "c3po_loop"):
+        tree = ast.parse((REPO / "minirl" / "training" / f"{module}.py").read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "Trainer" not in names and "minirl.training.trainer" not in imported, module
 
 
 def test_the_trainer_reaches_vllm_by_an_import_the_graph_sees():
-    """vLLM rollouts are minirl's own (``minirl.vllm``): the trainer's engine choice imports them,
-    so the rules above see that arrow (it used to hide behind an entry point)."""
-    assert "minirl.vllm.rollouts" in GRAPH["minirl.training.rollout_engine"]
+    """vLLM rollouts are minirl's own (``minirl.vllm``): the one builder (``minirl.engines``)
+    imports them, so the rules above see that arrow (it used to hide behind an entry point)."""
+    assert {"minirl.vllm.rollouts", "minirl.vllm.llm"} <= GRAPH["minirl.engines"]
 
 
 def test_engine_entry_points_point_into_minirl_not_back():

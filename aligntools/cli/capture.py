@@ -40,12 +40,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check every input, load the engine, capture; the output is written only by a finished run."""
     import aligntools
-    from aligntools.adapters.build import build_engine
     from aligntools.cli.inputs import UsageError, checkpoint_config, engine_spec
     from aligntools.tracker.files import check_target
     from aligntools.tracker.journal import partial_path
     from aligntools.tracker.recorder import CaptureBudgetExceeded
-    from minirl import check_directory_takes_files
+    from minirl import build_engine, check_directory_takes_files
 
     config = checkpoint_config(args.model)
     spec = engine_spec(args.engine, args.dtype)

@@ -29,6 +29,7 @@ import torch
 from aligntools import sites as S
 from aligntools.analyzer.diagnosis import diagnose
 from aligntools.analyzer.tolerance import Tolerance, coarser
+from aligntools.drilldown import gate as drill_gate
 from aligntools.gates.inputs import GateUsageError, load_hf, parse_infer, parse_train, prepare_tokens, validate_checkpoint
 from aligntools.viz.report import Report
 
@@ -63,6 +64,7 @@ class GateResult:
     ``routing``: per MoE layer ``set_flip`` vs ``allowed`` (+ the Analyzer's margins).
     ``logprob``: final |Δ logprob| mean/max with their floors and limits.
     ``reasons``: one sentence per failed check (empty when ``passed``).
+    ``drilldown``: the ``aligntools.drill`` of the first divergent site, when ``mlab check --drill`` ran it.
     """
 
     passed: bool
@@ -72,6 +74,7 @@ class GateResult:
     reasons: list[str]
     comparison: object
     setup: dict = field(default_factory=dict)
+    drilldown: object = None
 
     @property
     def first_divergence(self):
@@ -114,6 +117,7 @@ class GateResult:
         fd = self.first_divergence
         out.append(str(fd) if fd else "first divergence: none (no site jumps above its inputs' error)")
         out.extend(["diagnosis:", *(f"  {f}" for f in self.diagnosis)] if self.diagnosis else ["diagnosis: no findings"])
+        out.extend(drill_gate.summary_lines(self))
         out.append(self.verdict)
         return "\n".join(out)
 
@@ -180,7 +184,7 @@ class GateResult:
         r.heading("Diagnosis")
         for f in self.diagnosis or ["no findings"]:
             r.text(str(f))
-        return r
+        return drill_gate.report_section(drill_gate.diagnosis_link(r, self), self)
 
     def write_report(self, path: str | os.PathLike) -> Path:
         return self.report().write(path)
@@ -220,6 +224,7 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
 
     from aligntools.analyzer.comparison import compare
     from aligntools.tracker.tracker import capture
+    from minirl import build_engine, engine_kind
 
     path = validate_checkpoint(model_path)
     train_spec = parse_train(train)
@@ -236,22 +241,22 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
 
     train_model = load_hf(path, train_spec.dtype, **train_spec.options)
     inf = inf.following(train_model.config._attn_implementation)  # hf_exact takes the trainer's attention
-    engine = inf.build(path)
+    engine = build_engine(inf.built, path)
     train_cap = step("train capture", lambda: capture(train_model, ids, progress=False))
     ref_cap = step("float64 capture", lambda: capture(load_hf(path, "float64"), ids, progress=False))
     infer_cap = step("infer capture", lambda: capture(engine, ids, progress=False))
     floor = step("noise floor", lambda: compare(ref_cap, train_cap, labels=("hf:float64", "train")))
     floors, _ = Tolerance.usable_floors({s: r.summary["rel_l2"] for s, r in floor.results.items()
                                          if "rel_l2" in r.summary})
-    labels = (train_spec.label, inf.label)
+    labels = (str(train_spec), inf.label)
     cmp = step("compare", lambda: compare(train_cap, infer_cap, tolerance=policy.with_noise_floor(floors),
                                           labels=labels))
     bar.close()
     setup = {"model": str(path), "n_tokens": int(ids.numel()), "batch": int(ids.shape[0]), "train": labels[0],
-             "infer": labels[1], "knob_overrides": inf.overrides, "knobs": inf.settings(engine),
+             "infer": labels[1], "knob_overrides": inf.spec.options, "knobs": engine_kind(inf.spec.kind).settings(engine),
              "train_kernels": {"attn": train_model.config._attn_implementation,
                                "experts": getattr(train_model.config, "_experts_implementation", None)}}
-    return _verdict(cmp, floor, floors, setup, coarser(train_spec.dtype, inf.dtype))
+    return _verdict(cmp, floor, floors, setup, coarser(train_spec.dtype, inf.spec.dtype))
 
 
 def _tolerance(tolerance: str | os.PathLike | Tolerance | None) -> Tolerance:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from minirl import EngineSpec, Knobs
+    from minirl import EngineSpec
 
 
 class UsageError(ValueError):
@@ -108,34 +108,15 @@ def prepare_tokens(path: Path, tokens: int | torch.Tensor, n_seqs: int = 4) -> t
     return torch.tensor(ids[: seq * n_seqs]).view(n_seqs, seq)
 
 
-@dataclass(frozen=True)
-class TrainSpec:
-    """The training engine: transformers, an ``hf`` ``EngineSpec`` with its dtype resolved
-    (``options``: ``attn``, ``experts``; absent = transformers' own defaults, what a stock
-    trainer runs)."""
-
-    spec: EngineSpec
-
-    @property
-    def dtype(self) -> str:
-        return self.spec.dtype
-
-    @property
-    def options(self) -> dict:
-        return self.spec.options
-
-    @property
-    def label(self) -> str:
-        return str(self.spec)
-
-
-def parse_train(spec: str) -> TrainSpec:
-    """``hf`` -> float32, ``hf:bfloat16,attn=eager`` -> bfloat16 with eager attention."""
+def parse_train(spec: str) -> EngineSpec:
+    """The training engine, transformers: ``hf`` -> float32, ``hf:bfloat16,attn=eager`` -> bfloat16
+    with eager attention (``options``: ``attn``, ``experts``; absent = transformers' own defaults,
+    what a stock trainer runs). The dtype comes back resolved."""
     parsed = _parse(spec)
     if parsed.kind != "hf":
         raise UsageError(f"--train must be hf[:DTYPE][,attn=...][,experts=...] (the transformers training "
                          f"engine); got {spec!r}")
-    return TrainSpec(parsed.replace(dtype=parsed.engine_dtype()))
+    return parsed.replace(dtype=parsed.engine_dtype())
 
 
 def _check_positions(path: Path, seq: int, n_seqs: int) -> None:
@@ -159,60 +140,23 @@ class InferSpec:
     attention: str | None = None
 
     @property
-    def engine(self) -> str:
-        return self.spec.kind
-
-    @property
-    def preset(self) -> str:
-        return self.spec.preset or ""
-
-    @property
-    def dtype(self) -> str:
-        return self.spec.dtype
-
-    @property
-    def overrides(self) -> dict:
-        return self.spec.options
-
-    @property
     def built(self) -> EngineSpec:
         """The spec the engine is built from: the given one plus the followed attention."""
         return self.spec.replace(options={**self.spec.options, "attention": self.attention}) if self.attention \
             else self.spec
 
     @property
-    def knobs(self) -> Knobs | None:
-        """minirl's knobs (None for vLLM)."""
-        return self.built.knobs() if self.engine == "minirl" else None
-
-    @property
     def label(self) -> str:
         """``minirl:typical,rmsnorm=hf:bfloat16`` / ``vllm,max_model_len=512:bfloat16``: every option shows."""
-        head = f"{self.engine}:{self.preset}" if self.preset else self.engine
-        return head + "".join(f",{k}={v}" for k, v in self.overrides.items()) + f":{self.dtype}"
+        return f"{self.spec.replace(dtype=None)}:{self.spec.dtype}"
 
     def following(self, train_attention: str | None) -> "InferSpec":
         """The aligned presets (``aligned``, ``hf_exact``) mean the trainer's own attention kernel
         (``hf_exact`` is bit-exact only then): without an explicit ``attention=`` override they
-        take the one the training model runs. vLLM runs its own kernels: unchanged."""
-        if self.engine != "minirl" or self.preset == "typical" or "attention" in self.overrides:
+        take the one the training model runs. vLLM (no presets) runs its own kernels: unchanged."""
+        if self.spec.preset in (None, "typical") or "attention" in self.spec.options:
             return self
         return dataclasses.replace(self, attention=follow_attention(train_attention).get("attention"))
-
-    def build(self, path: Path) -> object:
-        """The engine itself (``build_engine``): a minirl ``Engine`` or an in-process vLLM ``LLM``."""
-        from aligntools.adapters.build import build_engine
-
-        return build_engine(self.built, path)
-
-    def settings(self, engine: object) -> dict:
-        """What the report records about the engine: minirl's knobs, or vLLM's version and settings."""
-        if self.engine == "vllm":
-            from minirl.vllm.llm import engine_settings
-
-            return engine_settings(engine)
-        kept = engine.unquantized  # weights the quantization format cannot hold, in full precision
-        return {**self.knobs.to_dict(), **({"unquantized": ", ".join(sorted(kept))} if kept else {})}
 
 
 def follow_attention(train_attention: str | None) -> dict[str, str]:
@@ -221,26 +165,23 @@ def follow_attention(train_attention: str | None) -> dict[str, str]:
 
 
 def parse_infer(spec: str, dtype: str | None) -> InferSpec:
-    """``minirl[:PRESET|DTYPE][,knob=value...]`` or ``vllm[:DTYPE][,option=value...]``; the dtype
-    is the spec's, else ``dtype``, else ``EngineSpec.engine_dtype``'s default (minirl: bfloat16
-    for ``typical``, float32 for the aligned presets; vllm: bfloat16, like a server)."""
-    parsed = _parse(spec)
-    if parsed.kind == "vllm":
-        from minirl.vllm.llm import unavailable_reason
+    """An engine that generates rollouts (``minirl[:PRESET|DTYPE][,knob=value...]``,
+    ``vllm[:DTYPE][,option=value...]``) and can run here; the dtype is the spec's, else
+    ``dtype``, else the kind's default (``minirl.engines.KINDS``)."""
+    from minirl import engine_kind
 
-        reason = unavailable_reason()
-        if reason:
-            raise UsageError(f"--infer {spec}: {reason}")
-    elif parsed.kind != "minirl":
+    parsed = _parse(spec)
+    row = engine_kind(parsed.kind)
+    if row.rollouts is None:
         raise UsageError(f"--infer must be minirl[:PRESET][,knob=value...] or vllm[:DTYPE][,option=value...]; "
                          f"got {spec!r}")
+    reason = row.unavailable()
+    if reason:
+        raise UsageError(f"--infer {spec}: {reason}")
     try:
-        resolved = parsed.replace(dtype=parsed.engine_dtype(dtype))
+        return InferSpec(parsed.replace(dtype=parsed.engine_dtype(dtype), preset=parsed.preset or row.default_preset))
     except ValueError as e:
         raise UsageError(str(e)) from e
-    if parsed.kind == "minirl":
-        resolved = resolved.replace(preset=parsed.preset or "typical")
-    return InferSpec(resolved)
 
 
 def _parse(spec: str) -> EngineSpec:
@@ -256,8 +197,7 @@ def _parse(spec: str) -> EngineSpec:
 def load_hf(path: Path, dtype: str, **options: str):
     """The training engine (``build_engine`` of an ``hf`` spec); an unreadable checkpoint is a
     usage error."""
-    from aligntools.adapters.build import build_engine
-    from minirl import EngineSpec
+    from minirl import EngineSpec, build_engine
 
     spec = EngineSpec("hf", dtype, None, options)
     try:

@@ -149,9 +149,8 @@ def attribute(model_path: str | os.PathLike, infer_knobs: Knobs | None = None, t
     are computed (``Engine.score``), one training pass reused, so a knob evaluation costs one
     inference prefill.
     """
-    from minirl import EngineSpec, Knobs  # noqa: F811 - lazy: importing aligntools must not import minirl
+    from minirl import EngineSpec, Knobs, build_engine  # noqa: F811 - lazy: importing aligntools must not import minirl
 
-    from aligntools.adapters.build import build_engine
     from aligntools.gates.inputs import follow_attention, load_hf, parse_train, prepare_tokens, validate_checkpoint
 
     path = validate_checkpoint(model_path)
@@ -192,12 +191,13 @@ def _knobs_argument(name: str, value: object) -> Knobs | None:
     """``value`` as Knobs: a Knobs passes, a preset name (``"typical"``) is looked up, None
     stays None; anything else is refused here, before a model loads (a string used to fail
     as "'str' object has no attribute 'to_dict'" after the trainer's forward)."""
-    from minirl import EngineSpec, Knobs  # noqa: F811 - lazy, as in attribute()
+    from minirl import EngineSpec, Knobs, engine_kind  # noqa: F811 - lazy, as in attribute()
 
     if value is None or isinstance(value, Knobs):
         return value
-    if isinstance(value, str) and value in EngineSpec.PRESETS:
+    presets = engine_kind("minirl").presets
+    if isinstance(value, str) and value in presets:
         return EngineSpec("minirl", preset=value).knobs()
     raise (ValueError if isinstance(value, str) else TypeError)(
         f"{name}={value!r:.60}: must be a minirl Knobs (e.g. Knobs.typical_inference()) or a preset name, one "
-        f"of {', '.join(EngineSpec.PRESETS)}")
+        f"of {', '.join(presets)}")

@@ -1,12 +1,18 @@
 """Group-relative advantages (GRPO) from one scalar reward per sample.
 
 Rollouts come prompt-major: ``rewards[g * G + i]`` is sample ``i`` of prompt ``g`` (the order
-``Engine.generate`` returns with ``SamplingParams(n=G)``).
+``Engine.generate`` returns with ``SamplingParams(n=G)``). ``TrainConfig.advantage`` names one of
+``ADVANTAGES``: each takes ``(rewards, group_size)``.
 """
 
 from __future__ import annotations
 
 import torch
+
+from minirl.algorithms.registry import Registry
+
+ADVANTAGES = Registry("advantage")
+register_adv_est = ADVANTAGES.register
 
 
 def grpo_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool = True,
@@ -32,3 +38,14 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool 
         adv = adv / (shifted.std(-1, keepdim=True) + eps)
     return adv.float().view(-1)
 
+
+@register_adv_est("grpo")
+def grpo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """GRPO: ``(r - mean) / (std + 1e-6)`` per group."""
+    return grpo_advantages(rewards, group_size)
+
+
+@register_adv_est("drgrpo")
+def drgrpo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dr.GRPO: ``r - mean`` per group, no std division."""
+    return grpo_advantages(rewards, group_size, normalize_std=False)

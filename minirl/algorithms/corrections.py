@@ -14,15 +14,24 @@ back *unchanged*: a rejected token gets weight 0 but stays in the loss denominat
 
 Levels: ``token`` (one rho per token), ``sequence`` (rho_seq = prod_t rho_t, the exact
 sequence likelihood ratio), ``geometric`` (exp(mean_t log rho_t), length-normalised).
+
+``TrainConfig.correction`` names one of ``CORRECTIONS``; a new one is a function here with the same
+contract, decorated ``@register_correction(name, param="config_field", ...)`` (docs/rl.md, "Adding a
+correction").
 """
 
 from __future__ import annotations
 
 import torch
 
+from minirl.algorithms.registry import Registry
+
 LEVELS = ("token", "sequence", "geometric")
+CORRECTIONS = Registry("correction")
+register_correction = CORRECTIONS.register
 
 
+@register_correction("icepop", alpha="icepop_alpha", beta="icepop_beta")
 def icepop(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor,
            alpha: float = 0.5, beta: float = 5.0) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """IcePop (Ring-1T §2.3.2 eq. 2; alpha=0.5, beta=5 from §2.3.4): ``M(rho) = rho`` if
@@ -38,6 +47,7 @@ def icepop(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tenso
     return weights, mask, metrics
 
 
+@register_correction("tis", level="correction_level", cap="tis_cap")
 def tis(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor,
         level: str = "token", cap: float = 2.0) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Truncated importance sampling (Yao et al. 2025, the TIS baseline of Ring-1T §2.4.1):
@@ -54,6 +64,7 @@ def tis(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor,
     return weights, mask, metrics
 
 
+@register_correction("mis", level="correction_level", low="mis_low", high="mis_high")
 def mis(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor,
         level: str = "token", low: float = 0.5, high: float = 2.0
         ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
@@ -71,6 +82,7 @@ def mis(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor,
     return weights, mask, metrics
 
 
+@register_correction("none")
 def no_correction(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor
          ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """No correction (vanilla GRPO; also what "bypass" needs, Ring-linear §5.2.2 eq. 5, where

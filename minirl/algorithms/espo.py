@@ -31,7 +31,7 @@ from fractions import Fraction
 
 import torch
 
-from minirl.algorithms.losses import MAX_LOG_RATIO
+from minirl.algorithms.losses import MAX_LOG_RATIO, register_policy_loss
 
 GROUPINGS = ("top_fraction", "quantile")
 
@@ -134,3 +134,16 @@ def espo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
             "espo/abs_log_ratio": float(log_s[slot][mask].abs().mean()),
         }
     return loss, metrics
+
+
+@register_policy_loss("espo", grouping="espo_grouping", top_fraction="espo_top_fraction", n_groups="espo_n_groups",
+                      alpha="espo_alpha", clip_eps="espo_clip_eps", token_denominator="espo_token_denominator")
+def espo_policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                     entropy_old: torch.Tensor, vocab_size: int, grouping: str = "top_fraction",
+                     top_fraction: float = 0.2, n_groups: int = 4, alpha: float = 0.2, clip_eps: float | None = None,
+                     token_denominator: str = "current") -> tuple[torch.Tensor, dict[str, float]]:
+    """``espo_loss`` as ``loss: espo``: the positional inputs of every policy loss, the options as
+    plain values, ``pg_loss`` like the others, and metric names without ``/`` (metrics.nc columns)."""
+    cfg = EspoConfig(grouping, top_fraction, n_groups, alpha, clip_eps, token_denominator)
+    loss, m = espo_loss(logp, logp_old, advantages, entropy_old, mask, vocab_size, cfg)
+    return loss, {"pg_loss": float(loss.detach()), **{k.replace("/", "_"): v for k, v in m.items()}}

@@ -4,12 +4,20 @@ Shapes: ``logp``, ``logp_old`` [B, T] (current policy, with grad / behaviour pol
 ``advantages`` [B] (one per sequence, GRPO) or [B, T]; ``mask`` [B, T] 0/1; ``weights`` [B, T]
 the mismatch-correction weights from ``minirl.algorithms.corrections`` (detached; None = 1). Losses are
 to be *minimised* (the negated surrogate objective).
+
+``TrainConfig.loss`` names one of ``POLICY_LOSSES`` (``ppo``, ``gspo`` here, ``espo`` in
+``minirl.algorithms.espo``). Every entry takes ``(logp, logp_old, advantages, mask)`` and may name
+``weights``, ``entropy_old``, ``vocab_size`` among its parameters to receive them.
 """
 
 from __future__ import annotations
 
 import torch
 
+from minirl.algorithms.registry import Registry
+
+POLICY_LOSSES = Registry("loss")
+register_policy_loss = POLICY_LOSSES.register
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k3")
 MAX_LOG_RATIO = 20.0
@@ -37,6 +45,7 @@ def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor, mode: str = "token-mea
     raise ValueError(f"aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
 
 
+@register_policy_loss("ppo", eps_low="eps_low", eps_high="eps_high", dual_clip="dual_clip", agg="agg")
 def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = 3.0,
                   weights: torch.Tensor | None = None, agg: str = "token-mean"
@@ -75,6 +84,7 @@ def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
     return loss, metrics
 
 
+@register_policy_loss("gspo", eps_low="gspo_eps_low", eps_high="gspo_eps_high")  # agg: always its default
 def gspo_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
               eps_low: float = 3e-4, eps_high: float = 4e-4, weights: torch.Tensor | None = None,
               agg: str = "seq-mean-token-mean") -> tuple[torch.Tensor, dict[str, float]]:

@@ -1,21 +1,17 @@
-"""Length-aware load balancing and reward overlap (CompassMax §3.1.1 and §3.2.2).
+"""Length-aware load balancing (CompassMax §3.1.1).
 
-Balancing: a synchronous step waits for its slowest worker, and with long-tail lengths a naive
-split hands one worker most of the long rollouts. §3.1.1 predicts each prompt's length from a
-short draft by the base model, then distributes prompts so every worker gets about the same total
-expected decoding length. ``balance`` does that with LPT (longest first, onto the least-loaded
-worker): its makespan is within 4/3 of optimal.
-
-Overlap: §3.2.2 starts scoring a rollout the moment it finishes instead of after the whole batch;
-``RewardOverlap`` is a small thread pool that rollout loops ``submit`` to as rollouts complete.
+A synchronous step waits for its slowest worker, and with long-tail lengths a naive split hands
+one worker most of the long rollouts. §3.1.1 predicts each prompt's length from a short draft by
+the base model, then distributes prompts so every worker gets about the same total expected
+decoding length. ``balance`` does that with LPT (longest first, onto the least-loaded worker): its
+makespan is within 4/3 of optimal. (Reward overlap, §3.2.2, is ``minirl.algorithms.reward_overlap``.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any
 
 from minirl.engine.sampling import SamplingParams
@@ -50,37 +46,3 @@ def balance(lengths: Sequence[float], n_workers: int) -> list[list[int]]:
 def makespan(lengths: Sequence[float], assignment: list[list[int]]) -> float:
     """The slowest worker's total length: what a synchronous step waits for."""
     return max(sum(lengths[i] for i in worker) for worker in assignment)
-
-
-class RewardOverlap:
-    """Score rollouts while others are still generating (§3.2.2).
-
-    ``submit(key, *args)`` as each rollout finishes; ``gather()`` waits and returns {key: reward}
-    for everything submitted, ``take(keys)`` only for ``keys`` (the rest keep scoring). Use as a
-    context manager so the pool is shut down.
-    """
-
-    def __init__(self, score: Callable[..., float], workers: int = 4) -> None:
-        self._score = score
-        self._pool = ThreadPoolExecutor(max_workers=workers)
-        self._futures: dict[Hashable, Future] = {}
-
-    def submit(self, key: Hashable, *args: Any) -> None:
-        if key in self._futures:
-            raise ValueError(f"rollout {key!r} was already submitted for scoring")
-        self._futures[key] = self._pool.submit(self._score, *args)
-
-    def gather(self) -> dict[Hashable, float]:
-        return self.take(list(self._futures))
-
-    def take(self, keys: Sequence[Hashable]) -> dict[Hashable, float]:
-        missing = [k for k in keys if k not in self._futures]
-        if missing:
-            raise KeyError(f"rollouts {missing[:5]} were never submitted for scoring (or were already taken)")
-        return {k: self._futures.pop(k).result() for k in keys}
-
-    def __enter__(self) -> "RewardOverlap":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown(wait=True)

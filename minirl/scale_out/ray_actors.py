@@ -33,7 +33,7 @@ from minirl.scale_out.pipeline import COLUMNS, admit_prompts, learn_on, queue_co
 from minirl.training.learner import Learner
 from minirl.scale_out.ray_queue import RayTransferQueue
 from minirl.scale_out.reward_worker import RewardWorker, Scores
-from minirl.training.rollout_engine import make_engine
+from minirl.engines import build_engine
 from minirl.training.sft import encode
 from minirl.scale_out.timeline import Timeline
 from minirl.training.train_config import TrainConfig
@@ -86,9 +86,9 @@ def _setup(modules: tuple[str, ...], cpus: float) -> None:
 
 @ray.remote
 class RolloutActor:
-    def __init__(self, model_path: str, engine: str, dtype: str, modules: tuple[str, ...], cpus: float) -> None:
+    def __init__(self, model_path: str, engine: str, dtype: str | None, modules: tuple[str, ...], cpus: float) -> None:
         _setup(modules, cpus)
-        self.engine = make_engine(engine, model_path, dtype)
+        self.engine = build_engine(engine, model_path, dtype, rollouts=True)
 
     def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> tuple[float, float]:
         start = time.time()

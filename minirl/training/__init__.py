@@ -1,2 +1,3 @@
 """One run: TrainConfig, its checks, the trainer step, SFT warm-up, checkpoints, resume, run logs
-and plots, and the driver that picks the loop."""
+and plots. The driver that picks the loop is ``minirl.driver``: this package never imports
+``minirl.scale_out``."""

@@ -23,40 +23,36 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import torch
 
+from minirl.algorithms.c3po import C3poConfig, C3poScheduler, PoolRollout
+from minirl.algorithms.reward_overlap import RewardOverlap
 from minirl.engine.rollout import Rollout
 from minirl.engine.sampling import SamplingParams
-from minirl.scale_out.balancing import RewardOverlap
-from minirl.algorithms.c3po import C3poConfig, C3poScheduler, PoolRollout
-from minirl.training.groups import Drawn
-from minirl.training.sft import encode
 from minirl.tasks.base import Problem
-
-if TYPE_CHECKING:
-    from minirl.training.trainer import Trainer
+from minirl.training.groups import Drawn, RolloutInputs
+from minirl.training.train_config import TrainConfig
 
 
 class GroupedPrompts:
-    """The pool's prompt source: the trainer's problem stream, each problem ``group_size`` times
+    """The pool's prompt source: the run's problem stream, each problem ``group_size`` times
     in a row. The scheduler numbers rollouts in the order it asks for prompts, so ``group[uid]``
     is the group of rollout ``uid``."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+    def __init__(self, config: TrainConfig, inputs: RolloutInputs) -> None:
+        self.cfg, self.inputs = config, inputs
         self.problems: list[Problem] = []  # group index -> problem
         self.group: list[int] = []  # rollout uid -> group index
         self._prompt: list[int] = []
 
     def __call__(self) -> list[int]:
-        g = self.trainer.cfg.group_size
+        g = self.cfg.group_size
         if len(self.group) % g == 0:  # the previous group is complete: start a new one
-            k = self.trainer.cfg.prompts_per_step
+            k = self.cfg.prompts_per_step
             step, i = divmod(len(self.problems), k)
-            self.problems.append(self.trainer.problems(step)[i])
-            self._prompt = encode(self.trainer.tokenizer, self.problems[-1].prompt)[0]
+            self.problems.append(self.inputs.problems(step)[i])
+            self._prompt = self.inputs.prompt(self.problems[-1])
         self.group.append(len(self.problems) - 1)
         return list(self._prompt)
 
@@ -65,14 +61,14 @@ class C3poGroups:
     """``collect(step)`` for ``rollout: c3po``: one Algorithm 1 iteration, then the groups it
     completed. Keeps the pool, the waiting group members and their rewards across steps."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        c = trainer.cfg
-        self.trainer, self.cfg = trainer, c
-        self.prompts = GroupedPrompts(trainer)
+    def __init__(self, config: TrainConfig, inputs: RolloutInputs) -> None:
+        c = config
+        self.cfg, self.inputs = c, inputs
+        self.prompts = GroupedPrompts(c, inputs)
         cfg = C3poConfig(token_budget=c.c3po_token_budget, pool_capacity=c.c3po_pool_capacity or
                          c.prompts_per_step * c.group_size, max_new_tokens=c.max_new_tokens,
                          retention=c.c3po_retention, chunk_tokens=c.c3po_chunk_tokens)
-        self.scheduler = C3poScheduler(trainer.engine, self.prompts, cfg,
+        self.scheduler = C3poScheduler(inputs.engine, self.prompts, cfg,
                                        SamplingParams(temperature=c.temperature, seed=c.seed), on_finish=self._score)
         self.waiting: dict[int, list[PoolRollout]] = defaultdict(list)
         self.rewards: dict[int, tuple[float, bool]] = {}  # uid -> (reward, verifier raised), until trained
@@ -88,7 +84,7 @@ class C3poGroups:
         """One iteration under the engine's current weights (the sampling seed is the run's, per
         engine call: ``seed`` is unused, a rollout spans iterations)."""
         c, prompts = self.cfg, self.prompts
-        with RewardOverlap(self.trainer.score, workers=2) as overlap:
+        with RewardOverlap(self.inputs.score, workers=2) as overlap:
             self._overlap = overlap
             batch = self.scheduler.step()
             self.rewards.update(overlap.gather())

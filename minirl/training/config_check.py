@@ -7,12 +7,18 @@ TypeError deep in torch, or worse, train something else silently. Here:
 * the **type** of each field comes from the dataclass annotation (``int``, ``float``, ``bool``,
   ``str``, ``dict``, ``list[X]``, ``tuple[X, Y]``, ``X | None``, ``Literal``), so a new field is
   checked with no new code;
-* the **range** of a numeric field comes from ``RANGES`` (one line per field);
+* the **range** of a numeric field, the **values** of a switch and **non-empty** strings are
+  declared beside the field (``ranged``, ``one_of``, ``non_empty``: ``dataclasses.field`` metadata);
 * the task's own options (``task_kwargs``) are checked by building the task and sampling one problem.
 
 Every error names the key, the value, what is valid and the fix. Conversions are the lossless
 ones only: an int for a float field, a list for a tuple, a ``pathlib.Path`` for a string, and a
 number YAML left as a string (YAML 1.1 reads ``1e-3`` without a dot as the string ``'1e-3'``).
+
+Why not pydantic (installed, but not a dependency): its lax mode converts what this refuses
+(``'no'`` -> False, ``2.0`` -> 2, ``'10'`` -> 10) and its strict mode refuses the lossless conversions
+above; keeping these messages would take a validator per type plus a translation of its errors,
+more code than ``_conform``, and 0.3 s more import.
 """
 
 from __future__ import annotations
@@ -25,16 +31,16 @@ import random
 import reprlib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
-
-from minirl.sandbox.runner import MAX_TIMEOUT_S
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Range:
     """Valid values of a number (each element, for a tuple field): ``low``..``high``, each bound
     included unless ``*_open``; ``finite`` also refuses +-inf. NaN is refused for every field
-    (``Range()``, the range of a field not in ``RANGES``, admits every other number)."""
+    (``Range()``, the range of a field that declares none, admits every other number)."""
 
     low: float = -math.inf
     high: float = math.inf
@@ -66,90 +72,39 @@ def _bound(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
-_COUNT = Range(1)
-_PROBLEMS = ("the problems are drawn up front, about 20 us each, before the first step: a million is "
-             "20 s; more only hangs the start")
-MAX_SAMPLES_PER_STEP = 1 << 20
-"""prompts_per_step * group_size: one step's rollouts, generated and held as one batch."""
-RANGES: dict[str, Range] = {
-    "sft_steps": Range(0, why="0 starts RL from `model` as is"),
-    "n_train": Range(1, 1_000_000, why=_PROBLEMS),
-    "n_eval": Range(0, 1_000_000, why=f"held-out problems; 0 = no held-out evaluation; {_PROBLEMS}"),
-    "seed": Range(0, 2**63 - 1),
-    "prompts_per_step": Range(1, 65_536, why="each step rolls out every prompt as one batch"),
-    "group_size": Range(2, 4096, why="GRPO needs >= 2 samples per prompt: with 1, every advantage is 0 and nothing "
-                                     "is learned; each sample of a group is held in one step's batch"),
-    "max_new_tokens": Range(1, 1 << 20, why="a completion's token budget, past any context length here"),
-    "temperature": Range(0.01, finite=True,
-                         why="0 is greedy decoding: every sample of a group is the same, so every advantage "
-                             "is 0 and nothing is learned; below 0.01 a logit gap of 1 becomes e^-100, zero in "
-                             "float32, so sampling is greedy in effect"),
-    "eps_low": Range(0, 1, high_open=True, why="the ratio is clipped below at 1 - eps_low, which must stay > 0"),
-    "eps_high": Range(0, finite=True),
-    "dual_clip": Range(1, low_open=True, finite=True, why="dual-clip c > 1 (Ye et al. 2020 §3.2); null disables"),
-    "gspo_eps_low": Range(0, 1, high_open=True),
-    "gspo_eps_high": Range(0, finite=True),
-    "kl_coef": Range(0, finite=True, why="a negative coefficient rewards moving away from the reference"),
-    "icepop_alpha": Range(0, finite=True),
-    "icepop_beta": Range(0, low_open=True),
-    "tis_cap": Range(0, low_open=True),
-    "mis_low": Range(0, finite=True),
-    "mis_high": Range(0, low_open=True),
-    "lr": Range(0, low_open=True, finite=True),
-    "weight_decay": Range(0, finite=True),
-    "betas": Range(0, 1, high_open=True, why="AdamW's two decay rates, each in [0, 1)"),
-    "grad_clip": Range(0, low_open=True, finite=True,
-                       why="the gradient norm is clipped to it; NaN would make every weight NaN and a "
-                           "negative value reverses every update"),
-    "minibatches": _COUNT,
-    "epochs": Range(1, 1000, why="passes over each step's batch; past a few the policy only overfits that batch"),
-    "steps": _COUNT,
-    "eval_every": Range(0, why="0 = never evaluate"),
-    "checkpoint_every": Range(0, why="0 = never write a checkpoint (the run cannot be resumed)"),
-    "max_nan_steps": _COUNT,
-    # the algorithm switches' options (minirl.training.combinations checks how the switches combine)
-    "espo_top_fraction": Range(0, 1),
-    "espo_n_groups": _COUNT,
-    "espo_alpha": Range(0, low_open=True, finite=True),
-    "espo_clip_eps": Range(0, low_open=True, finite=True),
-    "zero_variance_max_batches": _COUNT,
-    "zero_variance_alpha": Range(0, finite=True),
-    "adaptive_group_max": Range(2),
-    "c3po_token_budget": _COUNT,
-    "c3po_retention": _COUNT,
-    "c3po_chunk_tokens": _COUNT,
-    "c3po_pool_capacity": Range(0, why="0 = one synchronous step's rollouts, prompts_per_step * group_size"),
-    "tool_max_turns": _COUNT,
-    "tool_timeout_s": Range(0, MAX_TIMEOUT_S, low_open=True,
-                            why="the sandbox's limit for one tool call; longer is a stuck rollout"),
-    "max_staleness": Range(0, why="0 = synchronous, 1 = AsyncFlow's one-step-off update"),
-    "reward_timeout_s": Range(0, low_open=True),
-    "sample_timeout_s": Range(0, low_open=True),
-    "queue_capacity": _COUNT,
-    "ray_num_cpus": _COUNT,
-    "rollout_actors": _COUNT,
-    "cpus_per_actor": Range(0, low_open=True, finite=True),
-    "connect_timeout_s": Range(0, low_open=True),
-    "draft_tokens": _COUNT,
-}
+def ranged(default: Any, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
+           high_open: bool = False, finite: bool = False, why: str = "") -> Any:
+    """A dataclass field that declares its valid range beside itself, ``steps: int = ranged(10, 1)``
+    (``Range``'s arguments; ``why`` is said in the error and the docs table)."""
+    return dataclasses.field(default=default, metadata={"range": Range(low, high, low_open, high_open, finite, why)})
 
 
-NON_EMPTY = {"out_dir": "'' would write the run's files into the current directory"}
-"""String fields that must not be empty, and why."""
+def one_of(default: str, valid: Iterable[str]) -> Any:
+    """A field naming one of ``valid``: a tuple, or a registry (``minirl.algorithms.registry``),
+    read when a config is checked, so an entry registered after this class is defined counts."""
+    return dataclasses.field(default=default, metadata={"one_of": valid})
+
+
+def non_empty(default: str, why: str, what: str) -> Any:
+    """A string field that must not be blank, why, and ``what`` to set it to instead."""
+    return dataclasses.field(default=default, metadata={"non_empty": (why, what)})
 
 
 def check(config: object) -> None:
     """Check (and losslessly convert in place) every field of the dataclass ``config``: type from
-    its annotation, range from ``RANGES``, non-empty where ``NON_EMPTY`` says; then its task
+    its annotation, then what its metadata declares (range, values, non-empty); then its task
     options. Raises ``ValueError``."""
     hints = _hints(type(config))
     for f in dataclasses.fields(config):
         value = conform(f.name, getattr(config, f.name), hints[f.name], f)
         object.__setattr__(config, f.name, value)
-        _check_range(f.name, value, RANGES.get(f.name, Range()))
-        if f.name in NON_EMPTY and not str(value).strip():
-            raise ValueError(f"{f.name}={value!r}: must not be empty ({NON_EMPTY[f.name]}); set {f.name} to a "
-                             f"directory path")
+        _check_range(f.name, value, f.metadata.get("range", Range()))
+        if "one_of" in f.metadata and value not in f.metadata["one_of"]:
+            valid = ", ".join(f.metadata["one_of"])
+            raise ValueError(f"{f.name}={short(value)}; valid: {valid}; set {f.name} to one of them")
+        if "non_empty" in f.metadata and not str(value).strip():
+            why, what = f.metadata["non_empty"]
+            raise ValueError(f"{f.name}={value!r}: must not be empty ({why}); set {f.name} to {what}")
     if hasattr(config, "task") and hasattr(config, "task_kwargs"):
         check_task(config.task, config.task_kwargs)
 

@@ -2,8 +2,9 @@
 
     python -m minirl.training.config_reference        # rewrite the block between the markers in docs/rl.md
 
-Each row: name, type (the annotation), default, valid range (``minirl.training.config_check.RANGES``)
-and the field's docstring (the string literal
+Each row: name, type (the annotation), default, what is valid (the range or values the field declares,
+``minirl.training.config_check``; for a registry switch its registered names, and for a knob the entries
+that read it, ``minirl.algorithms.registry``) and the field's docstring (the string literal
 under it in ``minirl/training/train_config.py``, where the paper section it comes from is cited), grouped
 by the ``# --- section`` comments of the class. ``tests/minirl/training/test_config_reference.py`` fails
 when the block in the docs is not what this module renders.
@@ -17,6 +18,8 @@ import re
 import sys
 from pathlib import Path
 
+from minirl.algorithms.registry import Registry
+
 START, END = "<!-- fields:start -->", "<!-- fields:end -->"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
 
@@ -24,20 +27,34 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
 def table() -> str:
     """The markdown table of every ``TrainConfig`` field, in class order."""
     from minirl.training import train_config
-    from minirl.training.config_check import RANGES
 
     source = Path(train_config.__file__).read_text()
     docs, types, sections = _from_source(source)
-    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                for f in dataclasses.fields(train_config.TrainConfig)}
+    fields = dataclasses.fields(train_config.TrainConfig)
+    registries = {f.name: f.metadata["one_of"] for f in fields if isinstance(f.metadata.get("one_of"), Registry)}
     lines = ["| field | type | default | valid | what it does (source) |", "|---|---|---|---|---|"]
-    for name, default in defaults.items():
-        if name in sections:
-            lines.append(f"| **{sections[name]}** | | | | |")
-        valid = RANGES[name].describe() if name in RANGES else ""
-        lines.append(f"| `{name}` | {_cell(f'`{types[name]}`')} | `{default!r}` | {_cell(valid)} | "
-                     f"{_cell(docs.get(name, ''))} |")
+    for f in fields:
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.name in sections:
+            lines.append(f"| **{sections[f.name]}** | | | | |")
+        lines.append(f"| `{f.name}` | {_cell(f'`{types[f.name]}`')} | `{default!r}` | {_cell(_valid(f, registries))} | "
+                     f"{_cell(docs.get(f.name, ''))} |")
     return "\n".join(lines)
+
+
+def _valid(f: dataclasses.Field, registries: dict[str, Registry]) -> str:
+    """What the field declares valid, and which registered entries read it."""
+    words = []
+    if "range" in f.metadata:
+        words.append(f.metadata["range"].describe())
+    if "one_of" in f.metadata:
+        words.append("one of " + ", ".join(f"`{v}`" for v in f.metadata["one_of"]))
+    if "non_empty" in f.metadata:
+        words.append("not empty")
+    readers = [f"`{switch}: {name}`" for switch, reg in registries.items() for name in reg.readers(f.name)]
+    if readers:
+        words.append("read by " + ", ".join(readers))
+    return "; ".join(w for w in words if w)
 
 
 def render(text: str) -> str:

@@ -4,7 +4,7 @@
     >>> result = minirl.train(minirl.TrainConfig(steps=10, correction="icepop"))
 
 The training engine is a transformers model (fp32); the rollout engine is anything with
-``generate`` + ``load_weights`` (``minirl.training.rollout_engine``). How mismatched they are is the
+``generate`` + ``load_weights`` (``minirl.engines.RolloutEngine``). How mismatched they are is the
 experiment variable (``TrainConfig.engine`` / ``engine_dtype``). Every random choice is a pure
 function of ``(seed, step)``, so a resumed run reproduces the uninterrupted one exactly.
 """
@@ -22,14 +22,14 @@ from tqdm.auto import tqdm
 
 from minirl import tasks
 from minirl.engine.sampling import SamplingParams
+from minirl.engines import RolloutEngine, build_engine
 
-from minirl.algorithms import advantages, corrections, espo, losses, router_replay
+from minirl.algorithms import advantages, corrections, losses, router_replay
 
 from minirl.training import checkpointing
 from minirl.training.c3po_loop import C3poGroups
-from minirl.training.groups import Drawn, SyncGroups, generate
+from minirl.training.groups import Drawn, RolloutInputs, SyncGroups
 from minirl.training.lifecycle import Lifecycle
-from minirl.training.rollout_engine import RolloutEngine, make_engine
 from minirl.quiet import quiet
 from minirl.training.run_log import RunLog
 from minirl.training.sft import encode, warm_start
@@ -63,7 +63,7 @@ class Trainer:
 
         self.cfg = c = config
         self.task = tasks.get(c.task, **c.task_kwargs)
-        self.train_set, self.eval_set = tasks.splits(self.task, c.n_train, c.n_eval, c.seed)
+        train_set, self.eval_set = tasks.splits(self.task, c.n_train, c.n_eval, c.seed)
         self.model_path = resolve_model(c)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
         self.device = resolve_device(c.device)
@@ -81,16 +81,37 @@ class Trainer:
             self.ref.to(self.device).eval().requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
                                      fused=True)  # one kernel per step, not a loop over tensors (CPU and CUDA)
-        self.engine = engine if engine is not None else make_engine(c.engine, self.model_path, c.engine_dtype,
-                                                                    self.device)
-        if c.router_replay == "r3" and not getattr(self.engine, "returns_routed_experts", True):
+        if engine is None:
+            engine = build_engine(c.engine, self.model_path, c.engine_dtype, self.device, rollouts=True)
+        if c.router_replay == "r3" and not getattr(engine, "returns_routed_experts", True):
             raise ValueError(f"router_replay='r3' replays the rollout engine's routed experts, and "
-                             f"{type(self.engine).__name__} returns none; use router_replay: r2 (record in the "
+                             f"{type(engine).__name__} returns none; use router_replay: r2 (record in the "
                              f"trainer's old-logprob pass) or the minirl engine")
         self.out = Path(c.out_dir)
         self.life: Lifecycle | None = None  # while ``run`` runs
-        self.task_uses_tools = tasks.uses_tools(c.task)
-        self.groups = C3poGroups(self) if c.rollout == "c3po" else SyncGroups(self)
+        tools = (c.tool_max_turns, c.tool_timeout_s) if tasks.uses_tools(c.task) else None
+        self.inputs = RolloutInputs(engine, self.tokenizer, self.problems, train_set, self.verify, tools)
+        self.groups = (C3poGroups(c, self.inputs) if c.rollout == "c3po"
+                       else SyncGroups(c, self.inputs, lambda: self.log.rows))
+
+    # The rollout engine and the training set live once, in ``inputs`` (what the group sources and
+    # the evaluation draw on), so one swapped in later (a wrapper that probes the engine, a
+    # benchmark's other side, ``labs.reproduce``'s shared split) serves the rollouts too.
+    @property
+    def engine(self) -> RolloutEngine:
+        return self.inputs.engine
+
+    @engine.setter
+    def engine(self, engine: RolloutEngine) -> None:
+        self.inputs.engine = engine
+
+    @property
+    def train_set(self) -> list[tasks.Problem]:
+        return self.inputs.train_set
+
+    @train_set.setter
+    def train_set(self, problems: list[tasks.Problem]) -> None:
+        self.inputs.train_set = problems
 
     # ------------------------------------------------------------------ loop
     def run(self, resume: bool = False, overwrite: bool = True) -> TrainResult:
@@ -147,7 +168,7 @@ class Trainer:
         engine mismatch and, in async runs, the staleness."""
         c, t = self.cfg, time.perf_counter()
         g = group_size or c.group_size
-        adv = advantages.grpo_advantages(rewards, g, normalize_std=c.advantage == "grpo").to(self.device)
+        adv = advantages.ADVANTAGES.call(c.advantage, c, rewards, g).to(self.device)
         batch = pack(rollouts, self.device)
         routing = batch.routed if c.router_replay == "r3" else None
         prompt_lens = batch.prompt_lens if c.shared_prefix else None
@@ -258,10 +279,6 @@ class Trainer:
             out.append(self.train_set[int(order[i])])
         return out
 
-    def score(self, problem: tasks.Problem, token_ids: list[int]) -> tuple[float, bool]:
-        """(reward, verifier raised) of generated tokens."""
-        return self.verify(problem, self.tokenizer.decode(token_ids, skip_special_tokens=True))
-
     def verify(self, problem: tasks.Problem, text: str) -> tuple[float, bool]:
         """(reward, verifier raised): a verifier that raises gives reward 0 and is counted."""
         try:
@@ -278,7 +295,7 @@ class Trainer:
         served) -> ``eval_accuracy`` (exactly correct, ``minirl.tasks.is_correct``) and
         ``eval_reward`` (the mean reward, partial credit included)."""
         prompts = [encode(self.tokenizer, p.prompt)[0] for p in self.eval_set]
-        texts = [text for _, text in generate(self, prompts, self.eval_params())] if prompts else []
+        texts = [text for _, text in self.inputs.generate(prompts, self.eval_params())] if prompts else []
         return self.score_held_out(texts)
 
     def eval_params(self) -> SamplingParams:
@@ -353,34 +370,23 @@ def pack(rollouts, device: torch.device | str = "cpu") -> Batch:
     return Batch(seqs, mask.to(device), logp.to(device), routed, [len(r.prompt_ids) for r in rollouts])
 
 
-def correct(c: TrainConfig, logp_old: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor):
-    """The configured mismatch correction -> (weights, mask, metrics)."""
-    if c.correction == "icepop":
-        return corrections.icepop(logp_old, logp_infer, mask, c.icepop_alpha, c.icepop_beta)
-    if c.correction == "tis":
-        return corrections.tis(logp_old, logp_infer, mask, c.correction_level, c.tis_cap)
-    if c.correction == "mis":
-        return corrections.mis(logp_old, logp_infer, mask, c.correction_level, c.mis_low, c.mis_high)
-    return corrections.no_correction(logp_old, logp_infer, mask)
+def correct(c: TrainConfig, logp_old: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The configured mismatch correction (``corrections.CORRECTIONS``) -> (weights, mask, metrics)."""
+    return corrections.CORRECTIONS.call(c.correction, c, logp_old, logp_infer, mask)
 
 
 def policy_loss(c: TrainConfig, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                 weights: torch.Tensor, entropy_old: torch.Tensor | None = None, vocab_size: int | None = None
                 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The configured policy loss on [b, T] tensors (``entropy_old`` and ``vocab_size``: ESPO's).
+    """The configured policy loss (``losses.POLICY_LOSSES``) on [b, T] tensors (``entropy_old`` and
+    ``vocab_size``: ESPO's).
 
     GSPO always aggregates ``seq-mean-token-mean`` whatever ``agg`` says: its objective is a mean
     over sequences of the sequence ratio (GSPO eq. 5; verl forces the same), and ``token-mean``
     would weigh each sequence by its length. ESPO averages over its own entropy groups."""
-    if c.loss == "gspo":
-        return losses.gspo_loss(logp, logp_old, adv, mask, c.gspo_eps_low, c.gspo_eps_high, weights,
-                                "seq-mean-token-mean")
-    if c.loss == "espo":
-        cfg = espo.EspoConfig(c.espo_grouping, c.espo_top_fraction, c.espo_n_groups, c.espo_alpha, c.espo_clip_eps,
-                              c.espo_token_denominator)
-        loss, m = espo.espo_loss(logp, logp_old, adv, entropy_old, mask, vocab_size, cfg)
-        return loss, {"pg_loss": float(loss.detach()), **{k.replace("/", "_"): v for k, v in m.items()}}
-    return losses.ppo_clip_loss(logp, logp_old, adv, mask, c.eps_low, c.eps_high, c.dual_clip, weights, c.agg)
+    return losses.POLICY_LOSSES.call(c.loss, c, logp, logp_old, adv, mask, weights=weights, entropy_old=entropy_old,
+                                     vocab_size=vocab_size)
 
 
 def loss_metric_names(c: TrainConfig) -> tuple[str, ...]:

@@ -69,16 +69,14 @@ def check_model(path: str | os.PathLike) -> None:
                              f"(supported: {sizes}); use a model with one of those head sizes")
 
 
-def create_llm(path: str | os.PathLike, dtype: str | None = None, **options: object):
-    """An in-process, eager vLLM ``LLM`` on checkpoint ``path``. ``dtype`` None = the ``vllm``
-    engine spec's default (bfloat16, ``minirl.EngineSpec.engine_dtype``); ``options``: those of
-    the spec (``max_model_len``, ``max_num_seqs``, ``prefix_caching``, ``seed``), checked by it."""
+def create_llm(path: str | os.PathLike, dtype: str, **options: object):
+    """An in-process, eager vLLM ``LLM`` on checkpoint ``path`` in ``dtype``; ``options``: those of
+    the ``vllm`` row of ``minirl.engines.KINDS`` (``max_model_len``, ``max_num_seqs``,
+    ``prefix_caching``, ``seed``). From a spec, ``minirl.engines.build_engine`` checks both and
+    picks the default dtype; called directly, vLLM refuses what it does not know."""
     reason = unavailable_reason()
     if reason:
         raise VllmUnavailable(reason)
-    from minirl.engine.spec import EngineSpec
-
-    dtype = EngineSpec("vllm", dtype, None, options).engine_dtype()  # unknown dtype / option: ValueError
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":

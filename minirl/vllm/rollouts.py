@@ -1,10 +1,10 @@
 """Real vLLM as minirl's rollout engine: ``generate(prompts, params) -> list[Rollout]`` and
-``load_weights(model)``, the two methods the RL trainer calls (``minirl.training.rollout_engine``).
+``load_weights(model)``, the two methods the RL trainer calls (``minirl.engines.RolloutEngine``).
 
-Pass it to the trainer: ``engine: vllm`` in the run's config (``make_engine`` calls ``from_spec``),
-or ``minirl.train(config, engine=VllmRollouts.create(path, "bfloat16"))``. The LLM comes from
-``minirl.vllm.llm.create_llm``, the one place an in-process vLLM is made (aligntools' builder
-calls it too), so a spec gives the same engine for capture, the gate and RL.
+Pass it to the trainer: ``engine: vllm`` in the run's config (``minirl.engines.build_engine``
+wraps the LLM it builds), or ``minirl.train(config, engine=VllmRollouts.create(path, "bfloat16"))``.
+The LLM comes from ``minirl.vllm.llm.create_llm``, the one place an in-process vLLM is made, so a
+spec gives the same engine for capture, the gate and RL.
 
 Logprobs are vLLM's ``raw_logprobs`` (its default ``logprobs_mode``): log-softmax of the model's
 logits before temperature / top-k / top-p, the same convention as minirl's ``Rollout.logprobs``
@@ -35,21 +35,10 @@ class VllmRollouts:
         self.returns_routed_experts = self.routing.is_moe  # R3 can replay them
 
     @classmethod
-    def create(cls, path: str | os.PathLike, dtype: str | None = None, **options: object) -> "VllmRollouts":
+    def create(cls, path: str | os.PathLike, dtype: str, **options: object) -> "VllmRollouts":
         """A rollout engine over checkpoint ``path`` (dtype and options as in the ``vllm`` engine
-        spec; dtype None = its default, bfloat16)."""
+        spec; from a spec text: ``minirl.engines.build_engine(spec, path, rollouts=True)``)."""
         return cls(create_llm(path, dtype, **options))
-
-    @classmethod
-    def from_spec(cls, spec: str, path: str | os.PathLike, dtype: str | None = None) -> "VllmRollouts":
-        """``vllm[:DTYPE][,option=value...]`` (``minirl.EngineSpec``, the grammar of ``mlab check``),
-        ``dtype`` is the run's ``engine_dtype``, and a dtype in the spec must agree with it."""
-        from minirl.engine.spec import EngineSpec
-
-        parsed = EngineSpec.parse(spec)
-        if parsed.kind != "vllm":
-            raise ValueError(f"engine spec {spec!r} is not a vllm spec: 'vllm[:DTYPE][,option=value...]'")
-        return cls(create_llm(path, parsed.engine_dtype(dtype), **parsed.options))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
         """``params.n`` samples per prompt, prompt-major, with raw logprobs of the sampled tokens."""

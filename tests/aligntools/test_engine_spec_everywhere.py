@@ -1,6 +1,6 @@
 """One spec, one engine: every documented engine spec read by every entry point that takes one
-(``mlab capture``, the gate, ``attribute``, the trainer's ``TrainConfig.engine``, the vLLM
-rollout plugin) reaches the engine constructors with the same settings.
+(``mlab capture``, the gate, ``attribute``, the trainer's ``TrainConfig.engine``) reaches the
+engine constructors with the same settings, with a dtype given or not (``minirl.engines``).
 
 The constructors (transformers' ``from_pretrained``, minirl's ``Engine.from_pretrained``,
 ``create_llm``) are replaced by a stub that raises ``Built`` with what it was given, so the
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from minirl.vllm import llm as vllm_engine
-from minirl.vllm import rollouts as vllm_rollouts
 from aligntools.gates import inputs as gate_inputs
-from minirl import Engine, EngineSpec, Knobs
+from minirl import Engine, EngineSpec, Knobs, TrainConfig, build_engine
+from minirl.engines import KINDS
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = re.compile(r"(?<![\w./-])((?:minirl|hf|vllm)(?::[a-z0-9_]+(?:=[a-z0-9_.+-]+)?)?(?:,[a-z_]+=[a-z0-9_.+-]+)*)"
@@ -36,7 +36,8 @@ def documented_specs() -> list[str]:
 SPECS = documented_specs()
 
 
-def test_the_documents_are_read():
+def test_the_documents_and_the_table_are_read():
+    assert len(TABLE_SPECS) >= 20 and {"minirl:aligned", "minirl:float32", "vllm"} <= set(TABLE_SPECS)
     assert len(SPECS) >= 12 and {"minirl:typical,weights=int4", "vllm:bfloat16", "hf:bfloat16"} <= set(SPECS)
 
 
@@ -68,7 +69,6 @@ def stubs(monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", hf)
     monkeypatch.setattr(Engine, "from_pretrained", classmethod(minirl))
     monkeypatch.setattr(vllm_engine, "create_llm", vllm)
-    monkeypatch.setattr(vllm_rollouts, "create_llm", vllm)  # the trainer's engine: the same constructor
     monkeypatch.setattr(vllm_engine, "unavailable_reason", lambda: None)
 
 
@@ -78,11 +78,17 @@ def built(fn) -> tuple:
     return info.value.settings
 
 
+def trainer_engine(spec: str, path: Path, dtype: str | None) -> object:
+    """What ``mlab train`` builds: the config checks the spec, then ``Trainer`` builds it (the
+    same call as ``Trainer.__init__``; the trainer itself would load the stubbed model first)."""
+    config = TrainConfig(model=str(path), engine=spec, engine_dtype=dtype)
+    return build_engine(config.engine, path, config.engine_dtype, rollouts=True)
+
+
 def entry_points(spec: str, path: Path, tmp_path: Path, dtype: str | None) -> dict[str, tuple]:
     """What each entry point that takes ``spec`` would build, with ``dtype`` given (or not)."""
     import aligntools
     from labs.cli import main
-    from minirl.training.rollout_engine import make_engine
 
     kind = EngineSpec.parse(spec).kind
     capture = ["capture", "--model", str(path), "--engine", spec, "--text", "hi", "--out", str(tmp_path / "c.nc")]
@@ -91,10 +97,32 @@ def entry_points(spec: str, path: Path, tmp_path: Path, dtype: str | None) -> di
         out["gate --train"] = built(lambda: aligntools.check_alignment(path, train=spec, tokens=8, progress=False))
         out["attribute train="] = built(lambda: aligntools.attribute(path, train=spec, tokens=8, progress=False))
     else:
-        out["gate --infer"] = built(lambda: gate_inputs.parse_infer(spec, dtype).build(path))
-    if kind != "hf" and dtype is not None:  # the trainer always has an engine_dtype
-        out["TrainConfig.engine"] = built(lambda: make_engine(spec, path, dtype))
+        out["gate --infer"] = built(lambda: build_engine(gate_inputs.parse_infer(spec, dtype).spec, path))
+        out["TrainConfig.engine"] = built(lambda: trainer_engine(spec, path, dtype))
     return out
+
+
+TABLE_SPECS = [str(EngineSpec(kind, dtype, preset)) for kind, row in KINDS.items()
+               for preset in (None, *row.presets) for dtype in (None, *row.dtypes)]
+"""Every kind x preset x dtype of ``minirl.engines.KINDS`` (None: left to the default)."""
+
+
+@pytest.mark.parametrize("spec", TABLE_SPECS)
+def test_a_spec_means_one_engine_in_check_and_train(spec, stubs, zoo):
+    """Before: ``minirl:aligned`` ran in float32 in ``mlab check`` but in bfloat16 in ``mlab train``
+    (``engine_dtype`` defaulted to bfloat16), and ``minirl:float32`` was refused by ``train``. Every
+    spec of the table: one engine, or (an ``hf`` spec, which cannot roll out) one refusal."""
+    path = zoo("tiny-llama")
+    parsed = EngineSpec.parse(spec)
+    if parsed.kind == "hf":
+        with pytest.raises(ValueError, match="cannot generate rollouts"):
+            TrainConfig(model=str(path), engine=spec)
+        with pytest.raises(ValueError, match="--infer must be minirl"):
+            gate_inputs.parse_infer(spec, None)
+        return
+    check = built(lambda: build_engine(gate_inputs.parse_infer(spec, None).spec, path))
+    assert built(lambda: trainer_engine(spec, path, None)) == check
+    assert check[:2] == (parsed.kind, parsed.engine_dtype())
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -117,22 +145,17 @@ def test_one_spec_builds_one_engine_everywhere(spec, stubs, zoo, tmp_path):
 def test_minirl_knob_after_the_colon_means_the_same_everywhere(stubs, zoo):
     """Before: ``minirl:rmsnorm=hf`` was an override in ``mlab check`` but an unknown preset
     'rmsnorm=hf' in the trainer's ``engine:``."""
-    from minirl.training.rollout_engine import make_engine, parse_knobs
-
     want = Knobs.typical_inference().replace(rmsnorm="hf")
-    assert parse_knobs("minirl:rmsnorm=hf") == want
-    assert gate_inputs.parse_infer("minirl:rmsnorm=hf", None).knobs == want
-    assert built(lambda: make_engine("minirl:rmsnorm=hf", zoo("tiny-llama"), "bfloat16"))[2] == want.to_dict()
+    assert EngineSpec.parse("minirl:rmsnorm=hf").knobs() == want
+    assert gate_inputs.parse_infer("minirl:rmsnorm=hf", None).spec.knobs() == want
+    assert built(lambda: trainer_engine("minirl:rmsnorm=hf", zoo("tiny-llama"), None))[2] == want.to_dict()
 
 
 def test_vllm_has_one_default_dtype(stubs, zoo, tmp_path):
     """Before: ``mlab capture --engine vllm`` built float32, ``mlab check --infer vllm`` bfloat16."""
-    from minirl.vllm.rollouts import VllmRollouts
-
     path = zoo("tiny-llama")
     assert EngineSpec.parse("vllm").engine_dtype() == "bfloat16"
     assert {v[1] for v in entry_points("vllm", path, tmp_path, None).values()} == {"bfloat16"}
-    assert built(lambda: VllmRollouts.from_spec("vllm", path))[1] == "bfloat16"
 
 
 def test_hf_float64_loads_in_float64_with_the_eager_experts_loop(stubs, zoo, tmp_path):
@@ -145,7 +168,6 @@ def test_hf_float64_loads_in_float64_with_the_eager_experts_loop(stubs, zoo, tmp
 def test_a_spec_and_a_dtype_that_disagree_are_refused_everywhere(spec, dtype, stubs, zoo, tmp_path, capsys):
     """Before: the CLI took the spec's dtype silently, the trainer refused the pair."""
     from labs.cli import main
-    from minirl.training.rollout_engine import make_engine
 
     path = zoo("tiny-llama")
     match = f"names dtype {EngineSpec.parse(spec).dtype} but the dtype given is {dtype}"
@@ -156,7 +178,7 @@ def test_a_spec_and_a_dtype_that_disagree_are_refused_everywhere(spec, dtype, st
         with pytest.raises(ValueError, match=match):
             gate_inputs.parse_infer(spec, dtype)
         with pytest.raises(ValueError, match=match):
-            make_engine(spec, path, dtype)
+            TrainConfig(model=str(path), engine=spec, engine_dtype=dtype)
 
 
 def test_the_gate_and_the_cli_raise_one_usage_error_class():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aligntools
-from aligntools.adapters.build import load_hf
+from minirl.engines import load_hf
 from tests.vllm.needs import needs_vllm
 
 pytestmark = needs_vllm

@@ -21,7 +21,7 @@ def test_missing_vllm_is_a_one_line_reason(monkeypatch, zoo):
     reason = vllm_engine.unavailable_reason()
     assert reason.startswith("vllm is not installed") and "\n" not in reason
     with pytest.raises(vllm_engine.VllmUnavailable, match="not installed"):
-        vllm_engine.create_llm(zoo("tiny-llama"))
+        vllm_engine.create_llm(zoo("tiny-llama"), "bfloat16")
 
 
 def test_unknown_spec_option_lists_the_valid_ones():
@@ -42,20 +42,20 @@ def test_unsupported_head_size_is_named(zoo, tmp_path):
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "head_dim": 24}))
     with pytest.raises(ValueError, match=r"head_dim=24 is not supported by vLLM's CPU attention"):
-        vllm_engine.create_llm(path)
+        vllm_engine.create_llm(path, "bfloat16")
 
 
 @needs_vllm
 def test_unsupported_architecture_is_named(zoo):
     with pytest.raises(ValueError, match=r"no implementation of architecture \['BailingHybridForCausalLM'\]"):
-        vllm_engine.create_llm(zoo("tiny-ring-linear"))
+        vllm_engine.create_llm(zoo("tiny-ring-linear"), "bfloat16")
 
 
 @needs_vllm
 def test_out_of_process_engine_is_refused(monkeypatch, zoo):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     with pytest.raises(vllm_engine.VllmUnavailable, match="out of reach of capture hooks"):
-        vllm_engine.create_llm(zoo("tiny-llama"))
+        vllm_engine.create_llm(zoo("tiny-llama"), "bfloat16")
 
 
 @needs_vllm

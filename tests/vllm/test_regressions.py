@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import aligntools
-from aligntools.adapters.build import load_hf
+from minirl.engines import load_hf
 from tests.vllm.needs import needs_vllm
 
 pytestmark = needs_vllm

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minirl.vllm.rollouts import VllmRollouts
-from aligntools.adapters.build import load_hf
+from minirl.engines import load_hf
 from minirl import SamplingParams, train
 from minirl.training.trainer_forward import forward, trainer_logprobs
 from minirl.training.train_config import TrainConfig
@@ -55,7 +55,7 @@ def test_seeded_rollouts_beyond_one_steps_token_budget(vllm_llm):
 
 
 def test_short_rl_run_with_vllm_rollouts_raises_reward(zoo, tmp_path):
-    """``engine: vllm`` in the config: the spec reaches VllmRollouts through make_engine."""
+    """``engine: vllm`` in the config: the spec reaches VllmRollouts through build_engine."""
     cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, engine="vllm,max_model_len=256")
     rewards = [r["reward"] for r in train(cfg).rows]
     before, after = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
@@ -118,7 +118,7 @@ def test_rl_step_with_r3_replays_vllm_routing(zoo, tmp_path, vllm_llm):
 def test_c3po_loop_runs_on_vllm_with_prefix_caching(zoo, tmp_path):
     """C3PO++ resumes are new requests over prompt + tokens so far: with vLLM's prefix cache on
     they reuse the KV of the earlier chunks, and weight sync resets that cache."""
-    from minirl.training.driver import train_c3po
+    from minirl.driver import train_c3po
 
     cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, engine="vllm,prefix_caching=true", prompts_per_step=4,
                  group_size=4, steps=3)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from minirl.vllm.llm import sync_weights
-from aligntools.adapters.build import load_hf
+from minirl.engines import load_hf
 from tests.vllm.needs import needs_vllm
 
 pytestmark = needs_vllm

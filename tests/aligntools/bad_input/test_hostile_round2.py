@@ -13,7 +13,6 @@ import torch
 import aligntools
 from aligntools.gates.inputs import GateUsageError
 from minirl import EngineSpec, Knobs
-from minirl.training.rollout_engine import parse_knobs
 
 IDS = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
 
@@ -46,9 +45,8 @@ def test_an_engine_spec_that_repeats_an_option_is_refused_by_name(spec, key):
     """Before: the last value won without a word (``tp=2,tp=4`` ran tp=4)."""
     with pytest.raises(ValueError, match=rf"engine spec '{spec}' sets option '{key}' more than once"):
         EngineSpec.parse(spec)
-    if spec.startswith("minirl"):
-        with pytest.raises(ValueError, match=rf"sets option '{key}' more than once \({key}=\w+,{key}=\w+\)"):
-            parse_knobs(spec)
+    with pytest.raises(ValueError, match=rf"sets option '{key}' more than once \({key}=\w+,{key}=\w+\)"):
+        EngineSpec.parse(spec)
 
 
 def test_mlab_refuses_a_repeated_knob_with_exit_2(llama, tmp_path, mlab):
@@ -58,7 +56,7 @@ def test_mlab_refuses_a_repeated_knob_with_exit_2(llama, tmp_path, mlab):
 
 
 def test_a_spec_without_repeats_still_parses():
-    assert parse_knobs("minirl:aligned, tp=2 ,rmsnorm=hf") == Knobs.aligned().replace(tp=2, rmsnorm="hf")
+    assert EngineSpec.parse("minirl:aligned, tp=2 ,rmsnorm=hf").knobs() == Knobs.aligned().replace(tp=2, rmsnorm="hf")
 
 
 @pytest.fixture(scope="module")

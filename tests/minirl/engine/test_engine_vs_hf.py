@@ -62,7 +62,7 @@ def test_decode_recompute_equals_incremental_in_fp32(engine, prompts):
 def test_hf_exact_preset_is_bit_identical_to_stock_bf16_hf(zoo, attn):
     """Knobs.hf_exact() with the trainer's attention backend reproduces bf16 transformers exactly
     (sdpa is what from_pretrained picks by default, eager what a trainer may choose)."""
-    from aligntools.adapters.build import load_hf
+    from minirl.engines import load_hf
 
     from aligntools.gates.inputs import prepare_tokens
 

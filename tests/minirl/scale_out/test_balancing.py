@@ -1,15 +1,14 @@
-"""Length-aware balancing and reward overlap (CompassMax §3.1.1, §3.2.2)."""
+"""Length-aware balancing (CompassMax §3.1.1)."""
 
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 import torch
 
 from minirl import Rollout, SamplingParams
-from minirl.scale_out.balancing import RewardOverlap, balance, makespan, predict_lengths
+from minirl.scale_out.balancing import balance, makespan, predict_lengths
 
 
 def test_balance_beats_round_robin_on_long_tail() -> None:
@@ -38,24 +37,3 @@ class DraftEngine:
 def test_predict_lengths_from_drafts() -> None:
     got = predict_lengths(DraftEngine(), [[3], [50], [8]], SamplingParams(max_new_tokens=200), draft_tokens=10)
     assert got == [3, 200, 8]
-
-
-def test_reward_overlap_scores_while_generating() -> None:
-    """Scores come back while rollouts are still being submitted. Checked by order of events,
-    not by a wall-clock bound, which a busy CI box can break: scoring after the fact (no
-    overlap) finishes no score before the last rollout is in."""
-    scored: list[int] = []
-
-    def slow_score(x: int) -> float:
-        time.sleep(0.05)
-        scored.append(x)
-        return float(x)
-
-    with RewardOverlap(slow_score, workers=4) as overlap:
-        for i in range(8):  # "rollout i finishes" every 50 ms
-            time.sleep(0.05)
-            overlap.submit(i, i)
-        scored_while_generating = len(scored)
-        rewards = overlap.gather()
-    assert rewards == {i: float(i) for i in range(8)}
-    assert scored_while_generating >= 1, "no reward was scored before generation ended"

@@ -13,7 +13,7 @@ import yaml
 from labs import cli
 from minirl import tasks
 from minirl.training import run_log
-from minirl.training.driver import train
+from minirl.driver import train
 from minirl.training.train_config import TrainConfig
 from tests.minirl.tasks.example_task import write_example
 

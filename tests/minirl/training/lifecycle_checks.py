@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from minirl.training import run_dir, run_log
-from minirl.training.driver import train
+from minirl.driver import train
 from minirl.training.train_config import TrainConfig
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minirl import Rollout, SamplingParams
-from minirl.training.driver import train_c3po
+from minirl.driver import train_c3po
 
 
 class GeometricEngine:

@@ -1,4 +1,4 @@
-"""Every TrainConfig value is checked at load, from the dataclass annotations and one range table:
+"""Every TrainConfig value is checked at load, from the dataclass annotations and what each field declares:
 each hostile value of the round-2 pass is refused naming its key, its value and what is valid."""
 
 from __future__ import annotations
@@ -77,6 +77,23 @@ def test_a_new_field_is_checked_with_no_new_code():
                          (dict(table={"a": "b"}), "table="),
                          (dict(ratio=math.nan), "ratio=.nan: NaN is not a setting; set ratio to a number")]:
         with pytest.raises(ValueError, match=message):
+            config_check.check(Future(**bad))
+
+
+def test_a_field_declares_its_range_values_and_non_empty_beside_itself():
+    """``ranged``, ``one_of`` and ``non_empty`` put what is valid on the field (dataclass metadata)."""
+
+    @dataclass
+    class Future:
+        count: int = config_check.ranged(1, 1, why="one at least")
+        kind: str = config_check.one_of("a", ("a", "b"))
+        path: str = config_check.non_empty("x", "it names a file", "a file name")
+
+    config_check.check(Future())
+    for bad, message in [(dict(count=0), "count=0: must be >= 1 (one at least); set count to a value >= 1"),
+                         (dict(kind="c"), "kind='c'; valid: a, b; set kind to one of them"),
+                         (dict(path=" "), "path=' ': must not be empty (it names a file); set path to a file name")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
             config_check.check(Future(**bad))
 
 

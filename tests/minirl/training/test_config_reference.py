@@ -20,5 +20,14 @@ def test_table_lists_every_field_with_default_range_and_docstring():
     rows = {line.split("|")[1].strip().strip("`"): line for line in table.splitlines()[2:]}
     assert {f.name for f in dataclasses.fields(TrainConfig)} <= rows.keys()
     assert "| `int` | `5` | >= 0 | write ``<out_dir>/checkpoint`` every N steps" in rows["checkpoint_every"]
-    assert "`float \\| None` | `3.0` | > 1 and finite | dual-clip c" in rows["dual_clip"]
+    assert "`float \\| None` | `3.0` | > 1 and finite; read by `loss: ppo` | dual-clip c" in rows["dual_clip"]
     assert "Ring-1T §2.3.4" in rows["icepop_beta"]
+
+
+def test_table_reads_the_registries():
+    """A switch lists its registered names, and a knob the entries that read it."""
+    table = config_reference.table()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in table.splitlines()[2:]}
+    assert "one of `icepop`, `tis`, `mis`, `none` |" in rows["correction"]
+    assert "one of `ppo`, `gspo`, `espo` |" in rows["loss"] and "one of `grpo`, `drgrpo` |" in rows["advantage"]
+    assert "read by `correction: tis`, `correction: mis` |" in rows["correction_level"]

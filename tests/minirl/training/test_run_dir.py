@@ -144,7 +144,7 @@ def test_second_run_on_one_out_dir_is_refused_by_name_before_any_file_changes(ml
 def test_unknown_engine_is_refused_before_any_model_loads(mlab_train, tmp_path):
     """#37 item 5: exit 2 naming the valid kinds; nothing written (no model was read)."""
     code, err = mlab_train(tmp_path / "out", engine="vlm", model=str(tmp_path / "no-model-here"))
-    assert code == 2 and "engine='vlm': unknown engine kind 'vlm'; valid kinds: minirl, vllm" in err
+    assert code == 2 and "engine: engine spec 'vlm': unknown engine 'vlm'; engines here: minirl, vllm" in err
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="not a minirl preset"):
         TrainConfig(engine="minirl:typo")

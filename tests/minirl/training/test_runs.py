@@ -16,7 +16,7 @@ from minirl import tasks
 from minirl.training.checkpointing import CheckpointError
 from minirl.training.resume import RunInterrupted
 from minirl.training.train_config import TrainConfig
-from minirl.training.driver import train
+from minirl.driver import train
 from minirl.training.trainer import Trainer
 from tests.minirl.training.tied_model import build_tied
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,7 @@ from minirl.training import checkpointing, run_log
 from minirl.algorithms import losses
 from minirl import tasks
 from minirl.training.train_config import TrainConfig
-from minirl.training.driver import train
+from minirl.driver import train
 
 
 def _comparable(rows):
@@ -123,14 +124,15 @@ def test_a_step_with_no_signal_leaves_the_weights_alone(quick_config, tmp_path):
 
 
 def test_nan_loss_is_skipped_then_stops_with_checkpoint_intact(quick_config, monkeypatch, tmp_path):
-    real, calls = losses.ppo_clip_loss, []
+    entry = losses.POLICY_LOSSES.entries["ppo"]
+    real, calls = entry.fn, []
 
     def nan_after_two_steps(*args, **kwargs):
         calls.append(1)
         loss, metrics = real(*args, **kwargs)
         return (loss * float("nan") if len(calls) > 4 else loss), metrics  # 2 minibatches per step
 
-    monkeypatch.setattr(losses, "ppo_clip_loss", nan_after_two_steps)
+    monkeypatch.setitem(losses.POLICY_LOSSES.entries, "ppo", dataclasses.replace(entry, fn=nan_after_two_steps))
     cfg = quick_config(steps=6, checkpoint_every=1, max_nan_steps=2, out_dir=str(tmp_path / "nan"))
     with pytest.raises(RuntimeError, match="not finite for 2 steps in a row"):
         train(cfg)
@@ -195,10 +197,10 @@ def test_cli_runs_a_step(quick_config, tmp_path, capsys):
 def test_bad_engine_spec_fails_before_any_engine_starts(spec, match, tmp_path):
     """``engine:`` in a config: minirl's own specs and vllm's reject typos
     with the valid choices, before a checkpoint is read or vLLM starts."""
-    from minirl.training.rollout_engine import make_engine
+    from minirl.engines import build_engine
 
     with pytest.raises(ValueError, match=match):
-        make_engine(spec, tmp_path, "bfloat16")
+        build_engine(spec, tmp_path, "bfloat16", rollouts=True)
 
 
 def test_device_resolution():
@@ -260,3 +262,31 @@ def test_shared_prefix_step_matches_default(quick_config, tmp_path):
     assert packed["reward"] == base["reward"] and packed["length"] == base["length"]
     for key in ("loss", "grad_norm", "entropy", "abs_dlogp_mean"):
         assert math.isclose(packed[key], base[key], rel_tol=1e-4, abs_tol=1e-6), (key, packed[key], base[key])
+
+
+def test_an_engine_and_training_set_swapped_in_serve_the_steps(quick_config):
+    """``trainer.engine = wrapper`` (gpu_check's flip probe, bench_rl's other side) and
+    ``trainer.train_set = split`` (``labs.reproduce``'s shared split) reach the group source that
+    draws the rollouts; once they were copied into it at construction and silently ignored."""
+    from minirl.training.trainer import Trainer
+
+    trainer = Trainer(quick_config(steps=1, zero_variance="filter", zero_variance_max_batches=3))
+    calls = []
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def generate(self, prompts, params):
+            calls.append(len(prompts))
+            return self.inner.generate(prompts, params)
+
+        def load_weights(self, model):
+            self.inner.load_weights(model)
+
+    trainer.engine = Counting(trainer.engine)
+    shared = list(reversed(trainer.train_set))
+    trainer.train_set = shared
+    trainer.train_step(0)
+    assert calls, "the swapped-in engine was never asked for rollouts"
+    assert trainer.inputs.train_set is shared and trainer.groups.inputs.train_set is shared

@@ -8,7 +8,8 @@ checked by ``minirl.training.config_check``). An ``out_dir`` that already holds 
 (only the files that run wrote: ``minirl.training.run_dir``); without either it is refused, so a run
 is never lost to a repeated command, and neither is a file some other program wrote there. Exit 0 when the run
 finished, 2 on a usage error or a run stopped by repeated non-finite losses, 130 on Ctrl-C (one
-line saying which checkpoint is intact).
+line saying which checkpoint is intact). It sits at minirl's root beside ``minirl.driver``, which it
+calls: ``minirl.training`` never imports the driver (docs/architecture.md, import rules).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from minirl.driver import train
     from minirl.training import resume
     from minirl.training.config_check import short
     from minirl.training.config_file import parse_yaml, read_config_file
     from minirl.training.train_config import TrainConfig
-    from minirl.training.driver import train
 
     values = read_config_file(args.config)
     for item in args.set:

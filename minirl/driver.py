@@ -2,8 +2,9 @@
 
 ``mode: sync`` runs the ``Trainer`` loop here; ``mode: async|ray`` hand the same
 ``Trainer.learn`` to the producer-consumer driver (``minirl.scale_out.async_loop``), which builds on the
-trainer. Keeping the choice in its own module keeps the arrows one way: driver -> (trainer,
-async_loop) -> trainer.
+trainer. The choice sits at minirl's root, above both subpackages, so the arrows point one way:
+driver -> (training, scale_out) and scale_out -> training; ``minirl.training`` never imports
+``minirl.scale_out`` (tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from minirl.scale_out import async_loop
 from minirl.algorithms.c3po import PoolRollout
-from minirl.training.c3po_loop import C3poGroups, GroupedPrompts
+from minirl.scale_out import async_loop
 from minirl.training import run_dir
-from minirl.training.rollout_engine import RolloutEngine
+from minirl.training.c3po_loop import C3poGroups, GroupedPrompts
+from minirl.engines import RolloutEngine
 from minirl.training.train_config import TrainConfig
 from minirl.training.trainer import Trainer, TrainResult
 
