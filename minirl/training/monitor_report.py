@@ -58,6 +58,32 @@ def trend(steps: np.ndarray, values: np.ndarray) -> Trend | None:
     return Trend(float(a + b * x.min()), float(a + b * x.max()), change - half, change + half, len(x))
 
 
+def median_growth(ds: xr.Dataset) -> Trend | None:
+    """Trend of the median over sites of the relative error (log scale): one number per run to
+    compare runs by, where ``sentence`` names the site that moved most."""
+    return trend(ds["monitor_step"].values, np.log(ds["monitor_rel_l2"].median("site").values))
+
+
+def compare_growth(runs: dict[str, xr.Dataset]) -> str:
+    """How each run's median site error changed (factor and 95 % interval), and a verdict: one run's
+    gap moved faster than another's only where its change lies beyond the other's interval."""
+    if len(runs) < 2:
+        raise ValueError(f"compare_growth compares two or more runs; got {len(runs)}")
+    fits = {name: median_growth(ds) for name, ds in runs.items()}
+    if any(f is None or f.n < 3 for f in fits.values()):
+        return "too few monitor readings to compare the runs (3 or more each)"
+    said = ", ".join(f"{math.exp(f.last - f.first):.2g}× {name} (95 % interval {math.exp(f.low):.2g}–"
+                     f"{math.exp(f.high):.2g}×)" for name, f in fits.items())
+    ranked = sorted(fits.items(), key=lambda kv: kv[1].last - kv[1].first, reverse=True)
+    (top, t), (bottom, b) = ranked[0], ranked[-1]
+    if t.low > b.high:
+        moved = "grew faster" if t.last > t.first else "shrank less"
+        verdict = f"the gap {moved} {top} than {bottom}"
+    else:
+        verdict = "the intervals overlap: no run's gap moved measurably faster than another's"
+    return f"the median site error changed {said}; {verdict}"
+
+
 def load(path: str | os.PathLike) -> xr.Dataset:
     """A run's ``metrics.nc``, refused by name when it holds no monitor readings."""
     from minirl.training.run_log import load as load_log

@@ -132,3 +132,16 @@ def test_an_entry_that_loads_a_model_draws_no_loader_bar(tmp_path, monkeypatch, 
     assert "Loading weights" not in out.err + out.out
     transformers.AutoModelForCausalLM.from_pretrained(path)  # outside the runner the bar is back
     assert "Loading weights" in capfd.readouterr().err
+
+
+def test_mismatch_growth_entry_runs_small(tmp_path, capsys):
+    """The monitor's reproduce entry from the CLI: both arms' readings, figures and the computed comparison."""
+    assert reproduce.main(["--small", "--only", "mismatch_growth", "--out", str(tmp_path)]) == 0
+    out = tmp_path / "mismatch_growth"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ours"].startswith("the median site error changed ")
+    assert {"median_error_factor none", "median_error_factor icepop"} <= set(summary["numbers"])
+    for arm in ("none", "icepop"):
+        assert (out / f"mismatch_growth_{arm}.png").stat().st_size > 0
+        ds = xr.open_dataset(out / f"monitor_{arm}.nc")
+        assert ds["monitor_rel_l2"].dims == ("monitor_step", "site") and list(ds["monitor_step"].values) == [0, 2, 4]

@@ -93,3 +93,17 @@ def test_one_reading_says_so():
     assert monitor_report.sentence(ds) == ("1 reading (step 0) is too few to tell a trend from noise (3 or more: "
                                            "lower monitor_every or run longer); first divergence at L0.attn_out at "
                                            "step 0.")
+
+
+def test_compare_growth_says_faster_only_beyond_both_intervals():
+    growing = readings([1e-3 * 2 ** (i + 0.05 * (-1) ** i) for i in range(5)])
+    flat = readings([2e-3 * w for w in (1.0, 1.1, 0.9, 1.05, 0.95)])
+    text = monitor_report.compare_growth({"without a correction": growing, "with IcePop": flat})
+    fit = monitor_report.median_growth(growing)
+    assert text.startswith(f"the median site error changed {np.exp(fit.last - fit.first):.2g}× without a correction")
+    assert text.endswith("the gap grew faster without a correction than with IcePop")
+    same = monitor_report.compare_growth({"a": flat, "b": readings([2e-3 * w for w in (1.1, 0.9, 1.0, 0.95, 1.05)])})
+    assert same.endswith("the intervals overlap: no run's gap moved measurably faster than another's")
+    two = monitor_dataset([{"step": s, "rel_l2": {"L0.attn_out": 1e-3}, "first_divergence": "",
+                            "routing_flips": {}} for s in (0, 5)])
+    assert monitor_report.compare_growth({"a": two, "b": flat}).startswith("too few monitor readings")
