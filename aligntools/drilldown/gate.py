@@ -1,5 +1,12 @@
 """The alignment gate's way into the drill: its diagnosis names the drill-down of the first
-divergent site (the command, or the drill itself when ``mlab check --drill`` ran it).
+divergent site the drill can open (the command, or the drill itself when ``mlab check --drill``
+ran it).
+
+Why "can open" and not just the first divergence: the drill opens a layer's attention or
+MLP/MoE module, while a bf16 engine's first divergence is often ``embed`` (the table rounded
+to bf16) or a norm. Then the next place worth opening is the first *module* whose error jumps,
+or, when the embedding's error carries everywhere and no module jumps, the failing module that
+grows its inputs' error the most.
 
 Why here and not in the gate: the gate only asks for lines and a report section, so what a
 drill can open and how to call it stay in one package.
@@ -7,6 +14,7 @@ drill can open and how to call it stay in one package.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aligntools.drilldown.windows import module_of
@@ -18,6 +26,17 @@ if TYPE_CHECKING:
 ANCHOR = "drill-down"
 
 
+@dataclass(frozen=True)
+class Target:
+    """The site a drill opens for a gate, and why that one when it is not the first divergence."""
+
+    site: str
+    why: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.site} ({self.why})" if self.why else self.site
+
+
 def drillable(site: str | None) -> bool:
     """Whether ``aligntools.drill`` opens ``site``'s module (a layer's attention or MLP/MoE)."""
     try:
@@ -26,13 +45,34 @@ def drillable(site: str | None) -> bool:
         return False
 
 
-def hint(gate: GateResult) -> str | None:
-    """One line: how to see the ops inside the first divergent site (None: nothing to drill)."""
+def target(gate: GateResult) -> Target | None:
+    """The site to drill: the first jumping site the drill opens; else the failing site it opens
+    whose error grows most over its inputs'; None when no module it opens fails."""
+    g = gate.comparison.growth  # per site, execution order: error, limit, growth, jumps
+    opens = g[[drillable(s) for s in g.index]]
     fd = gate.first_divergence
-    if fd is None or not drillable(fd.site):
+    jumping = opens.index[opens["jumps"].astype(bool)]
+    if len(jumping):
+        site = jumping[0]
+        why = "" if fd is not None and site == fd.site else (
+            f"the first divergent site the drill opens; {fd.site} diverges first" if fd is not None else "")
+        return Target(site, why)
+    failing = opens[opens["error"] > opens["limit"]]
+    if failing.empty:
         return None
-    return (f"drill-down: the ops inside {fd.site}: add --drill to this mlab check, or "
-            f"aligntools.drill({gate.setup['model']!r}, {fd.site!r}, train=..., infer=...) with the same engine specs")
+    site = failing["growth"].idxmax()
+    first = f"{fd.site} diverges first and " if fd is not None else ""
+    return Target(site, f"{first}no module the drill opens jumps; {site} grows its inputs' error most, "
+                        f"x{failing.loc[site, 'growth']:.3g}")
+
+
+def hint(gate: GateResult) -> str | None:
+    """One line: how to see the ops inside the site worth drilling (None: nothing to drill)."""
+    t = target(gate)
+    if t is None:
+        return None
+    return (f"drill-down: the ops inside {t}: add --drill to this mlab check, or "
+            f"aligntools.drill({gate.setup['model']!r}, {t.site!r}, train=..., infer=...) with the same engine specs")
 
 
 def summary_lines(gate: GateResult) -> list[str]:
@@ -59,26 +99,28 @@ def report_section(r: Report, gate: GateResult) -> Report:
 
 def diagnosis_link(r: Report, gate: GateResult) -> Report:
     """The diagnosis' link to the drill-down section, when there is one."""
-    fd = gate.first_divergence
-    if getattr(gate, "drilldown", None) is None and hint(gate) is None:
+    drilled = getattr(gate, "drilldown", None)
+    site = drilled.site if drilled is not None else (t.site if (t := target(gate)) else None)
+    if site is None:
         return r
-    return r.link(f"Drill-down: the ops inside {fd.site} (first divergent op and the knob that aligns it)", ANCHOR)
+    return r.link(f"Drill-down: the ops inside {site} (first divergent op and the knob that aligns it)", ANCHOR)
 
 
 def drill_first_divergence(gate: GateResult, model: str, train: str, infer: str, dtype: str | None) -> str | None:
-    """``mlab check --drill``: drill into the gate's first divergent site and attach the result
-    to ``gate`` (its summary and report then show it). Returns why it did not (None: it did)."""
+    """``mlab check --drill``: drill into the site ``target`` picks and attach the result to
+    ``gate`` (its summary and report then show it). Returns a line to print: why it did not
+    drill, or why it drilled a site other than the first divergence (None: nothing to add)."""
     from aligntools.drilldown.api import drill
     from aligntools.gates.inputs import UsageError
 
-    fd = gate.first_divergence
-    if fd is None:
-        return "drill-down: no divergent site to drill into"
-    if not drillable(fd.site):
-        return (f"drill-down: {fd.site} is not a module the drill opens (a layer's attention or MLP/MoE); "
-                f"aligntools.replay replays its op")
+    t = target(gate)
+    if t is None:
+        fd = gate.first_divergence
+        return ("drill-down: no divergent site to drill into" if fd is None else
+                f"drill-down: {fd.site} is not a module the drill opens (a layer's attention or MLP/MoE) and no "
+                f"module it opens fails; aligntools.replay replays its op")
     try:
-        gate.drilldown = drill(model, fd.site, train=train, infer=infer, dtype=dtype)
+        gate.drilldown = drill(model, t.site, train=train, infer=infer, dtype=dtype)
     except UsageError as e:
         return f"drill-down: {e}"
-    return None
+    return f"drill-down: drilled {t}" if t.why else None
