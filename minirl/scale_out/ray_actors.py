@@ -30,6 +30,7 @@ from minirl.engine.rollout import Rollout
 from minirl.engine.sampling import SamplingParams
 from minirl.scale_out.balancing import predict_lengths
 from minirl.scale_out.pipeline import COLUMNS, admit_prompts, learn_on, queue_config, staleness
+from minirl.training import monitor
 from minirl.training.learner import Learner
 from minirl.scale_out.ray_queue import RayTransferQueue
 from minirl.scale_out.reward_worker import RewardWorker, Scores
@@ -89,6 +90,15 @@ class RolloutActor:
     def __init__(self, model_path: str, engine: str, dtype: str | None, modules: tuple[str, ...], cpus: float) -> None:
         _setup(modules, cpus)
         self.engine = build_engine(engine, model_path, dtype, rollouts=True)
+        self.watcher: monitor.Monitor | None = None  # the mismatch monitor, built at its first reading here
+
+    def measure(self, step: int, sites: str, model: torch.nn.Module, probe: torch.Tensor) -> monitor.Reading:
+        """The mismatch monitor's reading of this actor's engine (the one that made rollouts, on the
+        weights it last loaded) against the trainer actor's ``model``; its noise floor is measured
+        once per actor, at its first reading."""
+        if self.watcher is None:
+            self.watcher = monitor.load(sites)
+        return self.watcher.measure(step, model, self.engine, probe)
 
     def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> tuple[float, float]:
         start = time.time()
@@ -144,6 +154,13 @@ class TrainerActor:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.learner.state_dict()
+
+    def model(self) -> torch.nn.Module:
+        """The trainer's model itself (the monitor's trainer side, sent to a rollout actor)."""
+        return self.learner.trainer.model
+
+    def monitor_probe(self, n_tokens: int) -> torch.Tensor:
+        return monitor.probe(self.learner.trainer, n_tokens)
 
     def learn(self, step: int, samples: list[Sample], expected: int) -> tuple[dict, dict[int, int]]:
         resolved = [Sample(s.index, s.group, {c: ray.get(ref) for c, ref in s.data.items()}) for s in samples]
@@ -307,6 +324,21 @@ class RayBackend:
             self._load(name, max(self.weights), [])  # actor calls run in order: the load comes first
             completions = ray.get(self.rollout[name].complete.remote(prompts, params))
         return ray.get(self.trainer.score_held_out.remote(completions))
+
+    def monitor_reader(self, sites: str, n_tokens: int) -> Callable[[int], monitor.Reading]:
+        """The lifecycle's monitor reader in ray mode: at each reading the first rollout actor loads the
+        latest published weights and measures its own engine against the trainer actor's model (the
+        engine that really made rollouts, in its process; the model travels, the engine does not)."""
+        probe = ray.get(self.trainer.monitor_probe.remote(n_tokens))
+
+        def read(step: int) -> monitor.Reading:
+            if not self.weights:  # before the loop's first publish (the run's first reading)
+                self.publish(step)
+            name = next(iter(self.rollout))
+            self._load(name, max(self.weights), [])  # actor calls run in order: the load comes first
+            return ray.get(self.rollout[name].measure.remote(step, sites, self.trainer.model.remote(), probe))
+
+        return read
 
     def close(self) -> None:
         """Free this run's actors; the Ray session stays (it may be shared, e.g. by tests)."""

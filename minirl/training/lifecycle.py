@@ -21,8 +21,10 @@ actor); what a run leaves behind and how it continues must not differ, so it liv
 A mode supplies a ``Policy`` (checkpoint, restore, held-out evaluation, wherever its model lives) and a loop
 that calls ``evaluation_due``/``record`` per step. The monitor reads the policy's trainer (``model``,
 ``engine``, ``tokenizer``, ``eval_set``: the sync ``Trainer`` itself, or ``policy.learner.trainer``), and
-calls ``policy.serve_latest()`` where the engine may lag the published weights (async); a loop whose
-engine may be generating when ``record`` runs waits for it first where ``monitor_due(step + 1)``.
+calls ``policy.serve_latest()`` where the engine may lag the published weights (async); a policy whose
+model and engines live elsewhere (Ray) reads it there, ``policy.monitor_reader(sites, tokens)`` giving the
+reader. A loop whose engine may be generating when ``record`` runs waits for it first where
+``monitor_due(step + 1)``.
 """
 
 from __future__ import annotations
@@ -69,8 +71,7 @@ class Lifecycle:
         self.saved_step: int | None = None  # step of the last checkpoint this run wrote or resumed from
         self.policy: Policy | None = None
         self.board = None
-        self.monitor: monitor.Monitor | None = None  # with monitor_every > 0, while ``run`` runs
-        self.probe = None  # the monitor's token ids [1, monitor_tokens]
+        self.read: Callable[[int], monitor.Reading] | None = None  # the monitor's reader, with monitor_every > 0
 
     @classmethod
     @contextmanager
@@ -192,16 +193,17 @@ class Lifecycle:
         return getattr(getattr(self.policy, "learner", None), "trainer", self.policy)
 
     def _open_monitor(self) -> None:
-        """Build the monitor ``monitor.PROVIDER`` names and its probe (held-out problems)."""
+        """The monitor's reader: ``monitor.PROVIDER``'s monitor on the probe (held-out problems),
+        here, or where the policy keeps its engines (``policy.monitor_reader``)."""
         if not self.cfg.monitor_every:
             return
-        trainer = self._trainer()
-        limit = getattr(trainer.model.config, "max_position_embeddings", None)
-        if limit is not None and self.cfg.monitor_tokens > limit:
-            raise ValueError(f"monitor_tokens={self.cfg.monitor_tokens}: the probe is one sequence, and this model "
-                             f"takes at most {limit} positions; set monitor_tokens <= {limit}")
-        self.monitor = monitor.load(self.cfg.monitor_sites)
-        self.probe = monitor.probe_ids(trainer.tokenizer, trainer.eval_set, self.cfg.monitor_tokens)
+        elsewhere = getattr(self.policy, "monitor_reader", None)
+        if elsewhere is not None:
+            self.read = elsewhere(self.cfg.monitor_sites, self.cfg.monitor_tokens)
+            return
+        trainer, watcher = self._trainer(), monitor.load(self.cfg.monitor_sites)
+        probe = monitor.probe(trainer, self.cfg.monitor_tokens)
+        self.read = lambda step: watcher.measure(step, trainer.model, trainer.engine, probe)
 
     def _watch(self, step: int) -> None:
         """One reading at ``step``: kept in the log (and TensorBoard), with the seconds it took."""
@@ -209,8 +211,7 @@ class Lifecycle:
         serve = getattr(self.policy, "serve_latest", None)
         if serve is not None:  # async: the engine loads published weights only when it next generates
             serve()
-        trainer = self._trainer()
-        reading = self.monitor.measure(step, trainer.model, trainer.engine, self.probe).to_dict()
+        reading = self.read(step).to_dict()
         self.log.read({**reading, "seconds": time.perf_counter() - t})
         if self.board is not None:
             for site, err in reading["rel_l2"].items():

@@ -10,7 +10,9 @@ config-check time, before any model loads.
 
 Every ``monitor_every`` steps, and at the run's first step, after the weight sync (the engine serves
 exactly the trainer's weights, no rollout in flight), the monitor runs both on one fixed probe
-(``probe_ids``: held-out problems, the same tokens on both sides) and returns a ``Reading``.
+(``probe``: held-out problems, the same tokens on both sides) and returns a ``Reading``. It runs
+where the engine that made the rollouts lives: in this process (sync, async), or in the first Ray
+rollout actor, which receives the trainer actor's model (``minirl.scale_out.ray_actors``).
 """
 
 from __future__ import annotations
@@ -64,9 +66,8 @@ class Monitor(Protocol):
 
 def check(config: object) -> None:
     """Refuse, before any model loads, a monitor this run could not have: one that needs aligntools
-    where it is not importable, an engine the Tracker has no adapter for (a plugin's), no held-out
-    problems for its probe, or ``mode: ray``, whose rollout engines live in Ray actors the monitor
-    cannot reach yet."""
+    where it is not importable, an engine the Tracker has no adapter for (a plugin's), or no held-out
+    problems for its probe."""
     if not getattr(config, "monitor_every", 0):
         return
     module = PROVIDER.partition(":")[0]
@@ -78,10 +79,6 @@ def check(config: object) -> None:
         raise ValueError(f"monitor_every={config.monitor_every} needs {module} (the mismatch monitor lives in "
                          f"aligntools, which is not importable here); install aligntools (pip install -e . in the "
                          f"mlab checkout), or set monitor_every: 0")
-    if config.mode == "ray":
-        raise ValueError(f"monitor_every={config.monitor_every} with mode: ray: the rollout engines live in Ray "
-                         f"actors, which the monitor cannot capture yet; use mode: async (same engine, one process) "
-                         f"or set monitor_every: 0")
     kind = str(config.engine).strip().split(",")[0].partition(":")[0].strip()
     if kind not in ("minirl", "vllm"):
         raise ValueError(f"monitor_every={config.monitor_every} with engine: {kind}: the monitor captures minirl's "
@@ -95,6 +92,16 @@ def load(sites: str) -> Monitor:
     """The monitor ``PROVIDER`` names, watching ``sites``."""
     module, _, name = PROVIDER.partition(":")
     return getattr(importlib.import_module(module), name)(sites=sites)
+
+
+def probe(trainer: object, n_tokens: int) -> torch.Tensor:
+    """The probe of ``trainer``'s run (a ``Trainer``: its tokenizer, held-out set and model),
+    refused by name when the model cannot take ``n_tokens`` positions in one sequence."""
+    limit = getattr(trainer.model.config, "max_position_embeddings", None)
+    if limit is not None and n_tokens > limit:
+        raise ValueError(f"monitor_tokens={n_tokens}: the probe is one sequence, and this model "
+                         f"takes at most {limit} positions; set monitor_tokens <= {limit}")
+    return probe_ids(trainer.tokenizer, trainer.eval_set, n_tokens)
 
 
 def probe_ids(tokenizer: object, problems: list, n_tokens: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import pytest
 import yaml
 
@@ -41,13 +42,19 @@ def test_ray_mode_is_a_first_class_run(zoo, tmp_path):
     check_lifecycle(str(zoo("tiny-qwen3")), tmp_path / "run", "ray")
 
 
-def test_example_task_runs_from_mlab_train_in_ray_mode(zoo, tmp_path, example_dir, monkeypatch, capsys):
+def test_example_task_runs_from_mlab_train_in_ray_mode_with_the_monitor(zoo, tmp_path, example_dir, monkeypatch,
+                                                                         capsys):
+    """The researcher's task from ``mlab train``, and the mismatch monitor in ray mode: the rollout
+    actor reads its own engine against the trainer actor's model, on the published weights. An
+    fp32-aligned engine one update (lr 1e-2) behind the trainer would differ by ~1e-3; every
+    reading is at fp32 noise."""
     monkeypatch.syspath_prepend(str(example_dir))  # the driver imports it as the workers do
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(dict(
         model=str(zoo("tiny-qwen3")), mode="ray", task="my_tasks:Doubling", task_kwargs={"max_number": 50},
         sft_steps=0, prompts_per_step=2, group_size=2, max_new_tokens=3, steps=1, minibatches=1, n_train=8, n_eval=4,
-        eval_every=1, checkpoint_every=0, progress=False, rollout_actors=1, cpus_per_actor=0.5,
+        eval_every=1, checkpoint_every=0, progress=False, rollout_actors=1, cpus_per_actor=0.5, lr=1e-2,
+        engine="minirl:aligned", engine_dtype="float32", monitor_every=1, monitor_tokens=32,
         out_dir=str(tmp_path / "out"))))
     assert cli.main(["train", "--config", str(path)]) == 0, capsys.readouterr().err
     log = run_log.load(tmp_path / "out" / "metrics.nc")
@@ -55,3 +62,7 @@ def test_example_task_runs_from_mlab_train_in_ray_mode(zoo, tmp_path, example_di
     assert not math.isnan(log["reward"].values[0])  # the reward actor scored with the imported task
     for accuracy, reward in zip(log["eval_accuracy"].values, log["eval_reward"].values):
         assert 0 <= accuracy <= reward <= 1
+    assert log["monitor_step"].values.tolist() == [0, 1] and log.sizes["site"] == 12  # 4 layers x 3 dense sites
+    assert np.nanmax(log["monitor_rel_l2"].values) < 1e-5
+    assert log["monitor_first_divergence"].values.tolist() == ["", ""]
+    assert (tmp_path / "out" / "monitor.png").stat().st_size > 10_000

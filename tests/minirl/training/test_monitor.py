@@ -102,8 +102,6 @@ def test_monitor_off_writes_nothing_and_on_perturbs_nothing_and_resumes(quick_co
 
 
 def test_config_check_refuses_what_the_monitor_cannot_do(quick_config, monkeypatch):
-    with pytest.raises(ValueError, match="monitor_every=5 with mode: ray: the rollout engines live in Ray actors"):
-        quick_config(monitor_every=5, mode="ray")
     with pytest.raises(ValueError, match="monitor_every=5 with n_eval=0: the monitor's probe is held-out problems"):
         quick_config(monitor_every=5, n_eval=0)
     with pytest.raises(ValueError, match=r"monitor_every=-1: must be >= 0 \(0 = off\)"):
