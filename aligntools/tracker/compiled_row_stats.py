@@ -25,7 +25,12 @@ The row hash (``row_hash``: two NH sums, integers modulo 2**64, so any order giv
 value) runs on each row right after its sums, while the row is in L1: ~2.3 ms at hidden 512
 where a separate int8 GEMM over the same bytes took ~4.8 ms. Its compiled code lives here,
 beside the pass that inlines it, so numba's on-disk cache (invalidated per source file)
-never keeps a fused kernel built from an older hash.
+never keeps a fused kernel built from an older hash. Its moduli ``P1``, ``P2`` are
+``row_hash``'s, baked in at compile time; a kernel cached before they changed would hash
+otherwise, which ``stats._kernel_agrees`` (against torch's path, computed afresh) and
+``tests/aligntools/tracker/test_row_hash.py`` (against the definition) both see.
+
+This module imports numba, so it is imported only where it runs (``row_hash.COMPILED_MIN``).
 
 Vectors are tuples of 4 floats, so LLVM keeps them in registers; its SLP vectorizer,
 which numba leaves off by default, turns them into vector instructions (4x faster here).
@@ -44,10 +49,10 @@ from numba.core import config as numba_config
 from numba.core.compiler_lock import global_compiler_lock
 
 from aligntools.numba_vllm_compat import numba
+from aligntools.tracker.row_hash import P1, P2
 
 _LANES, _ILP, _LEVELS, _MIN_BITS = 4, 4, 4, 4  # torch: Vectorized<double> here, ilp_factor, num_levels, level power
 ZERO_MIN_MAX, NONFINITE_SUM = 1, 2  # row_sums' flags
-P1, P2 = 2_147_483_647, 2_097_143  # row_hash: primes below 2**31 and 2**21, 31 + 21 = 52 hash bits
 _M32, _P1, _P2, _SHIFT = np.uint64(0xFFFFFFFF), np.uint64(P1), np.uint64(P2), np.uint64(21)
 
 

@@ -35,10 +35,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from aligntools.tracker.compiled_row_stats import P1, P2, hash_rows
-
 SCHEME = "nh2-p52"
 SEED = 0x4E48_2026
+P1, P2 = 2_147_483_647, 2_097_143  # primes below 2**31 and 2**21: 31 + 21 = 52 hash bits
+
+COMPILED_MIN = 1 << 14
+"""Elements from which a CPU tensor takes the compiled kernels (``compiled_row_stats``: this hash,
+and stats mode's fused pass). They load with numba, once per process: ~1.3 s of import and
+on-disk cache here, while torch's path costs ~0.1 ms more a call below this size. So a tiny
+model's capture (hidden 64 at 64 tokens: 4,096 elements a site), e.g. an RL run's mismatch
+monitor, never loads them; both paths give the same bits."""
 _keys_cache: dict[tuple[int, str], object] = {}
 
 
@@ -49,8 +55,10 @@ def row_hash(rows: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"row_hash takes rows [N, D] of 4- or 8-byte values (float32, int64), got "
                          f"{rows.dtype} of shape {tuple(rows.shape)}: reshape to [N, -1] and widen first")
     words = rows.contiguous().view(torch.int32)  # [N, W]: a free view of the bytes
-    if not words.is_cpu:
+    if not words.is_cpu or words.numel() < COMPILED_MIN:
         return torch_row_hash(words).cpu()
+    from aligntools.tracker.compiled_row_stats import hash_rows
+
     out = torch.empty(len(words), dtype=torch.float64)
     if len(words):
         hash_rows(words.numpy().view(np.uint32), keys(words.shape[1]), out.numpy())

@@ -11,9 +11,10 @@ call (on CPU a parallel call can wait for a worker thread). So the work is split
 ``reduce_rows`` reads the tensor, in the hook while it exists, in a handful of calls:
 min/max, both float64 sums and the row hash in one compiled pass that replays torch's
 summation order (``compiled_row_stats``; elsewhere min/max in float32, one float64 copy per
-cache-sized row block feeding both sums, and ``row_hash``'s own kernel). ``finish_rows``
-does the per-row arithmetic on what was read (amax, the stat columns) once per flush, for
-every site in one batch of calls. ``row_stats`` is both, for one tensor.
+cache-sized row block feeding both sums, and ``row_hash``'s own kernel). Tensors under
+``row_hash.COMPILED_MIN`` elements take torch's path, so a tiny model never loads numba.
+``finish_rows`` does the per-row arithmetic on what was read (amax, the stat columns) once per
+flush, for every site in one batch of calls. ``row_stats`` is both, for one tensor.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aligntools.tracker import compiled_row_stats
-from aligntools.tracker.row_hash import keys, row_hash, torch_row_hash
+from aligntools.tracker.row_hash import COMPILED_MIN, keys, row_hash, torch_row_hash
 
 STAT_NAMES: tuple[str, ...] = ("min", "max", "mean", "l2", "amax", "n_nan", "n_inf", "hash")
 
@@ -69,6 +69,8 @@ def reduce_rows(x: torch.Tensor) -> RowReduction:
     # the same values captured in tensor mode (stored C-contiguous), to the last bit
     flt = (rows if rows.dtype == torch.float32 else rows.to(torch.float32)).contiguous()
     if _compiled_applies(flt):  # the same bits in one pass, hash included (compiled_row_stats)
+        from aligntools.tracker import compiled_row_stats
+
         (mn, mx, total, l2, hashes), flags = compiled_row_stats.row_sums(flt, keys(flt.shape[1]))
         if not rows.is_floating_point():  # integer ids are hashed as int64, not as float32
             hashes = row_hash(rows.to(torch.int64))
@@ -141,25 +143,27 @@ def _sum_l2(flt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _compiled_applies(flt: torch.Tensor) -> bool:
-    """Where ``compiled_row_stats`` gives torch's bits: contiguous float32 rows on the CPU shorter
-    than ``_LONE_ROW`` (torch sums a lone longer row in parallel halves), on a build where
-    the kernel was checked to agree."""
+    """Where ``compiled_row_stats`` gives torch's bits and is worth loading: contiguous float32 rows
+    on the CPU shorter than ``_LONE_ROW`` (torch sums a lone longer row in parallel halves), at
+    least ``COMPILED_MIN`` elements in all, on a build where the kernel was checked to agree."""
     return (flt.is_cpu and flt.dtype == torch.float32 and 0 < flt.shape[1] < _LONE_ROW
-            and flt.is_contiguous() and _kernel_agrees())
+            and flt.numel() >= COMPILED_MIN and flt.is_contiguous() and _kernel_agrees())
 
 
 @functools.cache
 def _kernel_agrees() -> bool:
     """Once per process: the compiled sums, norms, min and max of awkward rows (widths
     around every lane, step and level boundary, a 1e-30..1e30 range) equal torch's bit for
-    bit, and their hashes the standalone kernel's; if not (another torch build, another
+    bit, and their hashes torch's path's (``torch_row_hash``); if not (another torch build, another
     CPU), stats mode keeps torch's path."""
+    from aligntools.tracker import compiled_row_stats
+
     g = torch.Generator().manual_seed(0xC0DE)
     for n, d in [(1, 1), (3, 5), (2, 63), (9, 64), (5, 65), (64, 255), (7, 1024 + 3), (3, 4096 * 4 + 17),
                  (2, 32767), (600, 37)]:
         x = torch.randn(n, d, generator=g) * torch.exp(torch.randn(n, d, generator=g) * 8)
         got, flags = compiled_row_stats.row_sums(x, keys(x.shape[1]))
-        want = (x.amin(1).double(), x.amax(1).double(), *_sum_l2(x), row_hash(x))
+        want = (x.amin(1).double(), x.amax(1).double(), *_sum_l2(x), torch_row_hash(x.view(torch.int32)))
         if flags or not all(torch.equal(a.view(torch.int8), b.view(torch.int8)) for a, b in zip(got, want)):
             warnings.warn("stats: the compiled row kernel does not reproduce torch's sums on this build; "
                           "using torch's path (same values, slower)", stacklevel=2)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import aligntools
-from aligntools.tracker import stats
+from aligntools.tracker import row_hash, stats
 from aligntools.tracker.derived import NextTokenLogprobs, _sum_exp
 from aligntools.tracker.recorder import CaptureBudgetExceeded, Recorder
 from aligntools.tracker.store import MemoryStore
@@ -200,7 +200,7 @@ def kernel_rows() -> list[torch.Tensor]:
 
 
 def test_compiled_row_kernel_is_torch_bit_for_bit():
-    from aligntools.tracker import row_hash, compiled_row_stats
+    from aligntools.tracker import compiled_row_stats
 
     if not stats._kernel_agrees():
         pytest.skip("this torch build sums in another order: stats mode uses torch's path")
@@ -213,7 +213,7 @@ def test_compiled_row_kernel_is_torch_bit_for_bit():
 
 
 def test_compiled_row_kernel_flags_zero_extremes_and_nonfinite_rows():
-    from aligntools.tracker import row_hash, compiled_row_stats
+    from aligntools.tracker import compiled_row_stats
 
     x = torch.randn(4, 37) + 10  # all positive: no zero extreme
     assert compiled_row_stats.row_sums(x, row_hash.keys(x.shape[1]))[1] == 0
@@ -233,7 +233,24 @@ def test_stats_with_and_without_the_compiled_kernel_are_the_same_bytes(monkeypat
     signed_zeros[1] = -signed_zeros[1].abs()
     signed_zeros[1, 7] = 0.0
     xs = awkward_rows() + kernel_rows()[::7] + [signed_zeros, torch.zeros(3, 16), -torch.zeros(3, 16)]
+    monkeypatch.setattr(stats, "COMPILED_MIN", 1)  # every size through the compiled kernels, then none
+    monkeypatch.setattr(row_hash, "COMPILED_MIN", 1)
     fast = [stats.row_stats(x) for x in xs]
     monkeypatch.setattr(stats, "_compiled_applies", lambda flt: False)
+    monkeypatch.setattr(row_hash, "COMPILED_MIN", 1 << 62)
     for x, got in zip(xs, fast):
         assert torch.equal(bits(got), bits(stats.row_stats(x))), tuple(x.shape)
+
+
+def test_a_tiny_models_stats_never_load_numba():
+    """Below ``COMPILED_MIN`` elements stats take torch's path: the ~1.3 s numba costs a process
+    (import, on-disk cache) is not paid for a tiny model, e.g. by an RL run's mismatch monitor."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, aligntools; from aligntools.tracker.stats import row_stats; "
+            "row_stats(torch.randn(64, 64)); row_stats(torch.randint(0, 8, (64, 2))); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'numba' or m.endswith('compiled_row_stats'))[:3])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert stats._compiled_applies(torch.randn(4, row_hash.COMPILED_MIN // 4)) == stats._kernel_agrees()

@@ -54,7 +54,12 @@ def test_splitmix64_is_the_published_generator():
 @pytest.mark.parametrize("x", rows_of_every_width(), ids=lambda x: f"{x.dtype}{tuple(x.shape)}")
 def test_every_path_computes_the_definition(x):
     want = torch.tensor([reference_hash(r) for r in x], dtype=torch.float64)
-    assert torch.equal(row_hash.row_hash(x), want)  # the compiled kernel
+    assert torch.equal(row_hash.row_hash(x), want)  # torch's path below COMPILED_MIN elements, else compiled
+    words = x.contiguous().view(torch.int32)
+    out = torch.empty(len(x), dtype=torch.float64)
+    if len(x):
+        compiled_row_stats.hash_rows(words.numpy().view(np.uint32), row_hash.keys(words.shape[1]), out.numpy())
+    assert torch.equal(out, want)  # the compiled kernel, at every width
     assert torch.equal(row_hash.torch_row_hash(x.contiguous().view(torch.int32)), want)  # accelerators' path
     if x.is_floating_point() and 0 < x.shape[1] < 1 << 15:  # the fused stats pass
         out, _ = compiled_row_stats.row_sums(x, row_hash.keys(x.shape[1]))
