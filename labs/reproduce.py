@@ -413,7 +413,8 @@ def _async(small: bool) -> Outcome:
 def _mismatch_growth(small: bool) -> Outcome:
     """Two arms of one config, ``correction: none`` and ``icepop``, with the monitor on: smollm2-135m
     with vLLM-style fp8 W8A8 rollouts (per-tensor weights, per-token activations) against the fp32
-    trainer, 40 steps read every 5 (``--small``: the tiny MoE with int8 rollouts, 4 steps read every 2)."""
+    trainer, from the instruct model as is (no SFT, as ``configs/real_model_rl.yaml``), 40 steps read
+    every 5 (``--small``: the tiny MoE with int8 rollouts, 4 steps read every 2)."""
     import minirl
     from labs import zoo
     from minirl.training import monitor_report, run_log
@@ -425,8 +426,8 @@ def _mismatch_growth(small: bool) -> Outcome:
     else:
         base = dict(model=str(zoo.build("smollm2-135m")), task="chat_arithmetic",
                     task_kwargs={"digits": 2, "second_digits": 1}, n_train=1000, n_eval=64, prompts_per_step=4,
-                    group_size=8, max_new_tokens=32, temperature=0.7, lr=2e-5, zero_variance="filter", steps=40,
-                    monitor_every=5, engine="minirl:typical,weights=fp8_e4m3_tensor,activations=fp8")
+                    sft_steps=0, group_size=8, max_new_tokens=32, temperature=0.7, lr=2e-5, zero_variance="filter",
+                    steps=40, monitor_every=5, engine="minirl:typical,weights=fp8_e4m3_tensor,activations=fp8")
     arms = {"without a correction": "none", "with IcePop": "icepop"}
     logs = {}
     for arm, correction in arms.items():
