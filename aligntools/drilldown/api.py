@@ -37,8 +37,9 @@ def drill(model_path: str | os.PathLike, site: str, train: str = "hf", infer: st
     path = validate_checkpoint(model_path)
     train_spec, infer_spec = parse_train(train), parse_infer(infer, dtype)
     if infer_spec.spec.kind != "minirl":
-        raise UsageError(f"drill records transformers and minirl engines; {infer_spec.spec.kind} is not supported yet "
-                         f"(compare its captures with mlab check)")
+        raise UsageError(f"drill records transformers and minirl engines, not {infer_spec.spec.kind}'s ops yet; "
+                         f"aligntools.fingerprint(capture, model) names the minirl knobs that reproduce it, and "
+                         f"infer='minirl:hf_exact,KNOB=VALUE,...' drills those")
     ids = _one_sequence(prepare_tokens(path, DEFAULT_TOKENS, n_seqs=1) if ids is None else ids)
     model = load_hf(path, train_spec.dtype, **train_spec.options)
     engine = build_engine(infer_spec.following(model.config._attn_implementation).built, path)
