@@ -435,12 +435,14 @@ def _mismatch_growth(small: bool) -> Outcome:
             cfg = minirl.TrainConfig(**base, correction=correction, eval_every=0, checkpoint_every=0, out_dir=out,
                                      progress=False)
             logs[arm] = run_log.load(minirl.train(cfg).log_path).load()
-    ours = (f"{monitor_report.compare_growth(logs)}. Without a correction: "
-            f"{monitor_report.sentence(logs['without a correction'])}")
-    growth = {arm: monitor_report.median_growth(ds) for arm, ds in logs.items()}
+    kinds = monitor_report.site_kinds(logs["without a correction"])
+    ours = "; ".join(monitor_report.compare_growth(logs, kind) for kind in [None, *kinds])
+    ours += f". Without a correction: {monitor_report.sentence(logs['without a correction'])}"
+    growth = {(arms[a], kind): monitor_report.median_growth(ds, kind) for a, ds in logs.items() for kind in [None, *kinds]}
     return Outcome(ours, {f"monitor_{arms[a]}": ds for a, ds in logs.items()},
                    {f"mismatch_growth_{arms[a]}": monitor_report.figure(ds) for a, ds in logs.items()},
-                   {f"median_error_factor {arms[a]}": math.exp(g.last - g.first) for a, g in growth.items() if g})
+                   {f"median_{kind or 'site'}_error_factor {arm}": math.exp(g.last - g.first)
+                    for (arm, kind), g in growth.items() if g})
 
 
 REAL_MODEL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "real_model_rl.yaml"

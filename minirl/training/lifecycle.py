@@ -106,6 +106,8 @@ class Lifecycle:
                     f"resumed; start again with --overwrite")
             raise RunInterrupted(f"interrupted at step {self.step}; {kept}") from None
         finally:
+            if self.log.unwritten:  # a reading (or note) after the last step's row, e.g. of a 0-step run
+                self.log.flush()
             if self.board is not None:
                 self.board.close()
         plot.plot_runs([self.out], self.out / "curves.png")
@@ -124,7 +126,11 @@ class Lifecycle:
         return bool(self.cfg.eval_every) and step % self.cfg.eval_every == 0
 
     def record(self, step: int, metrics: dict[str, float]) -> None:
-        """Step ``step`` is done: log its row, stop on repeated non-finite steps, checkpoint when due."""
+        """Step ``step`` is done: read the monitor when due (after the step's weight sync: the engine
+        serves the next policy), log its row (and the reading, in one write), stop on repeated
+        non-finite steps, checkpoint when due."""
+        if self.monitor_due(step + 1):
+            self._watch(step + 1)
         self.log.append(step, metrics)
         self._board_row(step, self.log.rows[-1])
         self.step = step + 1
@@ -141,8 +147,6 @@ class Lifecycle:
                     f"raise max_nan_steps")
         else:
             self.nan_streak = 0
-        if self.monitor_due(self.step):  # after step ``step``'s weight sync: the engine serves the next policy
-            self._watch(self.step)
         every = self.cfg.checkpoint_every
         if every and (self.step % every == 0 or self.step == self.cfg.steps):
             self.policy.save_checkpoint(self.out / "checkpoint", {

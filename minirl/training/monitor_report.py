@@ -58,20 +58,35 @@ def trend(steps: np.ndarray, values: np.ndarray) -> Trend | None:
     return Trend(float(a + b * x.min()), float(a + b * x.max()), change - half, change + half, len(x))
 
 
-def median_growth(ds: xr.Dataset) -> Trend | None:
-    """Trend of the median over sites of the relative error (log scale): one number per run to
-    compare runs by, where ``sentence`` names the site that moved most."""
-    return trend(ds["monitor_step"].values, np.log(ds["monitor_rel_l2"].median("site").values))
+def median_growth(ds: xr.Dataset, kind: str | None = None) -> Trend | None:
+    """Trend of the median relative error (log scale) over every site, or over the sites of one
+    ``kind`` (``attn_out``: every layer's attention output): one number per run to compare runs by,
+    where ``sentence`` names the site that moved most. Per kind because sites of one kind move alike
+    and kinds do not: stats-mode readings of a deep residual stream swing ~10x between readings
+    where attention outputs move by percents (docs/runs.md). None: no such site, or 1 reading."""
+    rel = ds["monitor_rel_l2"]
+    if kind is not None:
+        rel = rel.sel(site=[s for s in rel["site"].values if str(s).rsplit(".", 1)[-1] == kind])
+        if not rel.sizes["site"]:
+            return None
+    return trend(ds["monitor_step"].values, np.log(rel.median("site").values))
 
 
-def compare_growth(runs: dict[str, xr.Dataset]) -> str:
-    """How each run's median site error changed (factor and 95 % interval), and a verdict: one run's
-    gap moved faster than another's only where its change lies beyond the other's interval."""
+def site_kinds(ds: xr.Dataset) -> list[str]:
+    """The kinds of site the readings hold (``attn_out``, ``mlp_out``...), in execution order."""
+    return list(dict.fromkeys(str(s).rsplit(".", 1)[-1] for s in ds["site"].values))
+
+
+def compare_growth(runs: dict[str, xr.Dataset], kind: str | None = None) -> str:
+    """How each run's median site error (over one ``kind`` of site, or all) changed (factor and 95 %
+    interval), and a verdict: one run's gap moved faster than another's only where its change lies
+    beyond the other's interval."""
     if len(runs) < 2:
         raise ValueError(f"compare_growth compares two or more runs; got {len(runs)}")
-    fits = {name: median_growth(ds) for name, ds in runs.items()}
+    what = f"median {kind} error" if kind else "median site error"
+    fits = {name: median_growth(ds, kind) for name, ds in runs.items()}
     if any(f is None or f.n < 3 for f in fits.values()):
-        return "too few monitor readings to compare the runs (3 or more each)"
+        return f"too few monitor readings of the {what} to compare the runs (3 or more each)"
     said = ", ".join(f"{math.exp(f.last - f.first):.2g}× {name} (95 % interval {math.exp(f.low):.2g}–"
                      f"{math.exp(f.high):.2g}×)" for name, f in fits.items())
     ranked = sorted(fits.items(), key=lambda kv: kv[1].last - kv[1].first, reverse=True)
@@ -81,7 +96,7 @@ def compare_growth(runs: dict[str, xr.Dataset]) -> str:
         verdict = f"the gap {moved} {top} than {bottom}"
     else:
         verdict = "the intervals overlap: no run's gap moved measurably faster than another's"
-    return f"the median site error changed {said}; {verdict}"
+    return f"the {what} changed {said}; {verdict}"
 
 
 def load(path: str | os.PathLike) -> xr.Dataset:
@@ -160,14 +175,16 @@ def _divergence(ds: xr.Dataset) -> str:
 
 def figure(ds: xr.Dataset) -> Figure:
     """Left: site x monitor step heatmap of log10 relative error (bright = worse), each step's first
-    divergence marked; right: routing flips per MoE layer. The sentence is the title."""
+    divergence marked; right, for a model with MoE layers: routing flips per layer. The sentence is
+    the title."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     steps, sites = ds["monitor_step"].values, [str(s) for s in ds["site"].values]
     rel = ds["monitor_rel_l2"].values
-    fig = Figure(figsize=(13, max(4.0, 0.22 * len(sites) + 1.8)))
-    heat, lines = fig.subplots(1, 2, width_ratios=[1.6, 1])
+    moe = "monitor_routing_flips" in ds
+    fig = Figure(figsize=(13 if moe else 9, max(4.0, 0.22 * len(sites) + 1.8)), layout="constrained")
+    heat, lines = fig.subplots(1, 2, width_ratios=[1.6, 1]) if moe else (fig.subplots(), None)
     with np.errstate(divide="ignore"):
         shown = np.log10(np.where(rel > 0, rel, np.nan)).T  # [site, step]
     image = heat.imshow(shown, aspect="auto", cmap="magma", interpolation="nearest")
@@ -177,16 +194,14 @@ def figure(ds: xr.Dataset) -> Figure:
             heat.plot(j, sites.index(str(site)), marker="x", color="cyan", markersize=8, mew=2)
     heat.set_xticks(range(len(steps)), [str(s) for s in steps], rotation=90 if len(steps) > 12 else 0)
     heat.set_yticks(range(len(sites)), sites, fontsize="small")
-    heat.set(xlabel="RL step", title="error per site (x: first divergence)")
-    if "monitor_routing_flips" in ds:
+    heat.set(xlabel="RL step", title="error per site (x: first divergence)" if moe else
+             "error per site (x: first divergence; a dense model: no routing)")
+    if moe:
         for j, layer in enumerate(ds["layer"].values):
             lines.plot(steps, 100 * ds["monitor_routing_flips"].values[:, j], marker=".", label=f"L{layer}")
         lines.legend(fontsize="small")
-    else:
-        lines.text(0.5, 0.5, "no MoE layer: no routing", ha="center", va="center", transform=lines.transAxes)
-    lines.set(xlabel="RL step", ylabel="probe tokens whose top-k expert set changed (%)", title="routing flips")
-    lines.xaxis.set_major_locator(MaxNLocator(integer=True))
-    lines.grid(alpha=0.3)
-    fig.suptitle("\n".join(textwrap.wrap(sentence(ds), 150)), fontsize="medium")
-    fig.tight_layout()
+        lines.set(xlabel="RL step", ylabel="probe tokens whose top-k expert set changed (%)", title="routing flips")
+        lines.xaxis.set_major_locator(MaxNLocator(integer=True))
+        lines.grid(alpha=0.3)
+    fig.suptitle("\n".join(textwrap.wrap(sentence(ds), 150 if moe else 105)), fontsize="medium")
     return fig

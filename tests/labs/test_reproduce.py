@@ -140,7 +140,10 @@ def test_mismatch_growth_entry_runs_small(tmp_path, capsys):
     out = tmp_path / "mismatch_growth"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ours"].startswith("the median site error changed ")
-    assert {"median_error_factor none", "median_error_factor icepop"} <= set(summary["numbers"])
+    assert "; the median attn_out error changed " in summary["ours"]  # then per kind of site
+    assert "; the median router_logits error changed " in summary["ours"]  # the tiny MoE's router too
+    assert {"median_site_error_factor none", "median_site_error_factor icepop",
+            "median_attn_out_error_factor none", "median_mlp_out_error_factor icepop"} <= set(summary["numbers"])
     for arm in ("none", "icepop"):
         assert (out / f"mismatch_growth_{arm}.png").stat().st_size > 0
         ds = xr.open_dataset(out / f"monitor_{arm}.nc")

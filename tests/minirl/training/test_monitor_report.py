@@ -74,8 +74,10 @@ def test_two_readings_are_too_few_for_a_trend():
 
 def test_readings_round_trip_through_metrics_nc(tmp_path):
     log = RunLog(tmp_path / "metrics.nc")
-    log.append(0, {"reward": 1.0})
     log.read({"step": 0, "rel_l2": {"L0.attn_out": 1e-3}, "first_divergence": "", "routing_flips": {}, "seconds": 0.5})
+    assert log.unwritten and not (tmp_path / "metrics.nc").exists()  # kept, written with the step's row
+    log.append(0, {"reward": 1.0})
+    assert not log.unwritten
     ds = load(tmp_path / "metrics.nc")
     assert ds["monitor_rel_l2"].dims == ("monitor_step", "site")
     assert ds["site"].values.tolist() == ["L0.attn_out"] and ds["monitor_first_divergence"].values.tolist() == [""]
@@ -107,3 +109,20 @@ def test_compare_growth_says_faster_only_beyond_both_intervals():
     two = monitor_dataset([{"step": s, "rel_l2": {"L0.attn_out": 1e-3}, "first_divergence": "",
                             "routing_flips": {}} for s in (0, 5)])
     assert monitor_report.compare_growth({"a": two, "b": flat}).startswith("too few monitor readings")
+
+
+def test_growth_per_site_kind_follows_that_kind_alone():
+    """L3.mlp_out doubles every reading while L0.attn_out stays flat: per kind, the MLP output's
+    median grows by the same factor as the site, the attention output's does not move."""
+    growing = readings([1e-3 * 2 ** (i + 0.05 * (-1) ** i) for i in range(5)])
+    flat = readings([2e-3 * w for w in (1.0, 1.1, 0.9, 1.05, 0.95)])
+    assert monitor_report.site_kinds(growing) == ["attn_out", "mlp_out"]
+    mlp = monitor_report.median_growth(growing, "mlp_out")
+    site = monitor_report.trend(growing["monitor_step"].values, np.log(growing["monitor_rel_l2"].values[:, 1]))
+    assert (mlp.first, mlp.last) == pytest.approx((site.first, site.last))
+    attn = monitor_report.median_growth(growing, "attn_out")
+    assert attn.low < 0 < attn.high and abs(attn.last - attn.first) < 0.05
+    assert monitor_report.median_growth(growing, "router_logits") is None
+    text = monitor_report.compare_growth({"without a correction": growing, "with IcePop": flat}, "attn_out")
+    assert text.startswith("the median attn_out error changed ") and "intervals overlap" in text
+    assert monitor_report.compare_growth({"a": growing, "b": flat}, "mlp_out").endswith("the gap grew faster a than b")
