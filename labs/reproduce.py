@@ -440,7 +440,8 @@ def _mismatch_growth(small: bool) -> Outcome:
     ours += f". Without a correction: {monitor_report.sentence(logs['without a correction'])}"
     growth = {(arms[a], kind): monitor_report.median_growth(ds, kind) for a, ds in logs.items() for kind in [None, *kinds]}
     return Outcome(ours, {f"monitor_{arms[a]}": ds for a, ds in logs.items()},
-                   {f"mismatch_growth_{arms[a]}": monitor_report.figure(ds) for a, ds in logs.items()},
+                   {"mismatch_growth_kinds": monitor_report.kinds_figure(logs),
+                    **{f"mismatch_growth_{arms[a]}": monitor_report.figure(ds) for a, ds in logs.items()}},
                    {f"median_{kind or 'site'}_error_factor {arm}": math.exp(g.last - g.first)
                     for (arm, kind), g in growth.items() if g})
 

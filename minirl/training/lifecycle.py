@@ -112,9 +112,10 @@ class Lifecycle:
                 self.board.close()
         plot.plot_runs([self.out], self.out / "curves.png")
         if self.log.readings:  # the monitor's heatmap and its sentence
+            readings = monitor_report.load(self.log.path)
             self.dir.claim("monitor.png")
-            plot.plot_sites(self.out, self.out / "monitor.png")
-            print(f"mismatch monitor: {monitor_report.sentence(monitor_report.load(self.log.path))}")
+            plot.plot_sites(self.out, self.out / "monitor.png", readings)
+            print(f"mismatch monitor: {monitor_report.sentence(readings)}")
 
     def monitor_due(self, step: int) -> bool:
         """Read the mismatch monitor at ``step`` (after the weight sync that precedes it)."""

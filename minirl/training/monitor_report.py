@@ -99,6 +99,24 @@ def compare_growth(runs: dict[str, xr.Dataset], kind: str | None = None) -> str:
     return f"the {what} changed {said}; {verdict}"
 
 
+def kinds_figure(runs: dict[str, xr.Dataset]) -> Figure:
+    """One panel per kind of site (``site_kinds``): each run's median relative error over that
+    kind's sites at every reading, log scale: how ``compare_growth``'s lines look."""
+    from matplotlib.figure import Figure
+
+    kinds = list(dict.fromkeys(k for ds in runs.values() for k in site_kinds(ds)))
+    fig = Figure(figsize=(4 * len(kinds), 3.6), layout="constrained")
+    for ax, kind in zip(np.atleast_1d(fig.subplots(1, len(kinds), sharex=True)), kinds):
+        for name, ds in runs.items():
+            rel = ds["monitor_rel_l2"].sel(site=[s for s in ds["site"].values if str(s).rsplit(".", 1)[-1] == kind])
+            if rel.sizes["site"]:
+                ax.plot(ds["monitor_step"].values, rel.median("site").values, marker="o", label=name)
+        ax.set(yscale="log", xlabel="RL step", title=f"median {kind} error", ylabel="relative L2, engine vs trainer")
+        ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return fig
+
+
 def load(path: str | os.PathLike) -> xr.Dataset:
     """A run's ``metrics.nc``, refused by name when it holds no monitor readings."""
     from minirl.training.run_log import load as load_log

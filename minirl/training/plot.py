@@ -53,14 +53,17 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
     return _save(figure(run_dirs), out)
 
 
-def plot_sites(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
+def plot_sites(run_dir: str | os.PathLike, out: str | os.PathLike, readings: xr.Dataset | None = None) -> Path:
     """Write the mismatch monitor's figure of one run (``monitor_report.figure``) to ``out``;
-    a run without monitor readings is refused by name."""
+    a run without monitor readings is refused by name. ``readings``: the run's log, where the
+    caller has it loaded already (the run itself, at its end)."""
     from minirl.training import monitor_report
 
     out = _check_out(Path(out))
-    _load(Path(run_dir))  # says what the directory holds when it is no run
-    return _save(monitor_report.figure(monitor_report.load(Path(run_dir) / "metrics.nc")), out)
+    if readings is None:
+        _load(Path(run_dir))  # says what the directory holds when it is no run
+        readings = monitor_report.load(Path(run_dir) / "metrics.nc")
+    return _save(monitor_report.figure(readings), out, tight=False)  # its layout engine fits it
 
 
 def figure(run_dirs: list[str | os.PathLike]) -> Figure:
@@ -199,12 +202,14 @@ def _check_out(out: Path) -> Path:
     return check_output_file(out, "figure")
 
 
-def _save(fig: Figure, out: Path) -> Path:
-    """Through a temporary sibling and a rename (``minirl.output_paths``): a crash leaves no half figure."""
+def _save(fig: Figure, out: Path, tight: bool = True) -> Path:
+    """Through a temporary sibling and a rename (``minirl.output_paths``): a crash leaves no half
+    figure. ``tight``: grow the saved area to what is drawn outside the axes (the legend beside the
+    panels); a figure whose layout engine already fits it saves once, without that extra draw."""
     fd, tmp = temp_sibling(out, "figure")
     try:
         with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=out.suffix[1:].lower(), dpi=100, bbox_inches="tight")
+            fig.savefig(f, format=out.suffix[1:].lower(), dpi=100, bbox_inches="tight" if tight else None)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -144,6 +144,7 @@ def test_mismatch_growth_entry_runs_small(tmp_path, capsys):
     assert "; the median router_logits error changed " in summary["ours"]  # the tiny MoE's router too
     assert {"median_site_error_factor none", "median_site_error_factor icepop",
             "median_attn_out_error_factor none", "median_mlp_out_error_factor icepop"} <= set(summary["numbers"])
+    assert (out / "mismatch_growth_kinds.png").stat().st_size > 0
     for arm in ("none", "icepop"):
         assert (out / f"mismatch_growth_{arm}.png").stat().st_size > 0
         ds = xr.open_dataset(out / f"monitor_{arm}.nc")

@@ -126,3 +126,11 @@ def test_growth_per_site_kind_follows_that_kind_alone():
     text = monitor_report.compare_growth({"without a correction": growing, "with IcePop": flat}, "attn_out")
     assert text.startswith("the median attn_out error changed ") and "intervals overlap" in text
     assert monitor_report.compare_growth({"a": growing, "b": flat}, "mlp_out").endswith("the gap grew faster a than b")
+
+
+def test_kinds_figure_draws_one_panel_per_kind_and_one_line_per_run():
+    growing = readings([1e-3 * 2 ** i for i in range(5)])
+    fig = monitor_report.kinds_figure({"a": growing, "b": readings([2e-3] * 5)})
+    assert [ax.get_title() for ax in fig.axes] == ["median attn_out error", "median mlp_out error"]
+    lines = fig.axes[1].get_lines()
+    assert len(lines) == 2 and lines[0].get_ydata().tolist() == pytest.approx([1e-3 * 2 ** i for i in range(5)])
