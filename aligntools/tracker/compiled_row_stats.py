@@ -25,10 +25,10 @@ The row hash (``row_hash``: two NH sums, integers modulo 2**64, so any order giv
 value) runs on each row right after its sums, while the row is in L1: ~2.3 ms at hidden 512
 where a separate int8 GEMM over the same bytes took ~4.8 ms. Its compiled code lives here,
 beside the pass that inlines it, so numba's on-disk cache (invalidated per source file)
-never keeps a fused kernel built from an older hash. Its moduli ``P1``, ``P2`` are
-``row_hash``'s, baked in at compile time; a kernel cached before they changed would hash
-otherwise, which ``stats._kernel_agrees`` (against torch's path, computed afresh) and
-``tests/aligntools/tracker/test_row_hash.py`` (against the definition) both see.
+never keeps a fused kernel built from an older hash. For the same reason its moduli ``P1``,
+``P2`` are written here, where numba bakes them in, as well as in ``row_hash`` (whose torch path
+must not import numba); ``tests/aligntools/tracker/test_row_hash.py`` checks that they are equal
+and that every path computes the definition.
 
 This module imports numba, so it is imported only where it runs (``row_hash.COMPILED_MIN``).
 
@@ -49,10 +49,10 @@ from numba.core import config as numba_config
 from numba.core.compiler_lock import global_compiler_lock
 
 from aligntools.numba_vllm_compat import numba
-from aligntools.tracker.row_hash import P1, P2
 
 _LANES, _ILP, _LEVELS, _MIN_BITS = 4, 4, 4, 4  # torch: Vectorized<double> here, ilp_factor, num_levels, level power
 ZERO_MIN_MAX, NONFINITE_SUM = 1, 2  # row_sums' flags
+P1, P2 = 2_147_483_647, 2_097_143  # row_hash.P1, row_hash.P2 (module docstring: why twice)
 _M32, _P1, _P2, _SHIFT = np.uint64(0xFFFFFFFF), np.uint64(P1), np.uint64(P2), np.uint64(21)
 
 

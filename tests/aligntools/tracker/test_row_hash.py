@@ -46,6 +46,10 @@ def rows_of_every_width() -> list[torch.Tensor]:
     return [*floats, extremes, ints, torch.randn(2, 40_000, generator=g)]  # a row past the fused kernel's width
 
 
+def test_the_compiled_kernels_bake_in_the_definitions_moduli():
+    assert (compiled_row_stats.P1, compiled_row_stats.P2) == (row_hash.P1, row_hash.P2)
+
+
 def test_splitmix64_is_the_published_generator():
     """SplitMix64 seeded with 0 first returns 0xE220A8397B1DCDAF (Vigna's reference code)."""
     assert int(row_hash.splitmix64(np.array([0], dtype=np.uint64))[0]) == 0xE220A8397B1DCDAF == splitmix64(0)
