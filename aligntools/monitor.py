@@ -1,10 +1,13 @@
 """The mismatch monitor inside an RL run: minirl's ``Monitor`` (``minirl.training.monitor``), built on
 the Tracker's stats mode and the Analyzer.
 
-Why stats mode: the monitor runs every ``monitor_every`` steps of a run on the run's own machine, so it
-keeps 8 numbers per token and site (``aligntools.tracker.stats``), never a tensor; its relative
-errors are the Analyzer's stats-mode lower bounds (a stats comparison can miss an error, never invent
-one), read the same way at every step, so their trend is the run's.
+Why stats mode by default: the monitor runs every ``monitor_every`` steps of a run on the run's own
+machine, so it keeps 8 numbers per token and site (``aligntools.tracker.stats``), never a tensor; its
+relative errors are the Analyzer's stats-mode lower bounds (a stats comparison can miss an error,
+never invent one), read the same way at every step, so their trend is the run's. Where a lower bound
+is too loose to show a trend (a deep residual stream's swings ~10x between readings on smollm2-135m:
+docs/measurements/2026-11-29-mismatch-growth.md), ``mode="tensor"`` keeps the probe's tensors and
+reads the exact errors: 64 probe tokens of a 135M model are ~13 MB a side.
 
 Why a measured noise floor: a bf16 engine differs from an fp32 trainer everywhere; what matters is
 where the difference jumps beyond what the trainer's own rounding explains. The first reading
@@ -43,19 +46,22 @@ SET_STATS = ("min", "max", "mean", "l2")
 class MismatchMonitor:
     """Trainer vs rollout engine on a probe, once per monitor step (``measure``)."""
 
-    def __init__(self, sites: str) -> None:
+    def __init__(self, sites: str, mode: str = "stats") -> None:
+        if mode not in ("stats", "tensor"):
+            raise ValueError(f"monitor mode must be 'stats' or 'tensor'; got {mode!r}")
         self.patterns = [p.strip() for p in sites.split(",") if p.strip()]
+        self.mode = mode
         self.tolerance: Tolerance | None = None  # the noise floors, measured by the first reading
         self.sites: list[str] | None = None
 
     def measure(self, step: int, model: torch.nn.Module, engine: object, probe: torch.Tensor) -> Reading:
         """Capture ``model`` (transformers, the trainer) and ``engine`` (a minirl ``Engine`` or vLLM
-        rollouts) on ``probe`` in stats mode and compare them against the noise floor."""
+        rollouts) on ``probe`` in this monitor's mode and compare them against the noise floor."""
         target = capture_target(engine)
         if self.sites is None:
             self.sites = self._sites(model, target)
-        train = capture(model, probe, sites=self.sites, mode="stats", progress=False)
-        infer = capture(target, probe, sites=self.sites, mode="stats", progress=False)
+        train = capture(model, probe, sites=self.sites, mode=self.mode, progress=False)
+        infer = capture(target, probe, sites=self.sites, mode=self.mode, progress=False)
         if self.tolerance is None:
             self.tolerance = self._noise_floor(model, probe, train)
         cmp = compare(train.dataset, infer.dataset, tolerance=self.tolerance, labels=("trainer", "engine"),
@@ -81,7 +87,7 @@ class MismatchMonitor:
         ref_model = copy.deepcopy(model).to(torch.float64)
         if getattr(ref_model.config, "_experts_implementation", None) not in (None, "eager"):
             ref_model.set_experts_implementation("eager")  # grouped_mm has no float64 kernel (as mlab check)
-        ref = capture(ref_model, probe, sites=self.sites, mode="stats", progress=False)
+        ref = capture(ref_model, probe, sites=self.sites, mode=self.mode, progress=False)
         del ref_model
         own = compare(ref.dataset, train.dataset, labels=("float64", "trainer"), workers=1)
         floors, _ = Tolerance.usable_floors({s: r.summary["rel_l2"] for s, r in own.results.items()
@@ -103,15 +109,20 @@ def capture_target(engine: object) -> object:
 
 def routing_flips(a: xr.Dataset, b: xr.Dataset, idx_a: np.ndarray | None = None,
                   idx_b: np.ndarray | None = None) -> dict[int, float]:
-    """MoE layer -> share of tokens whose top-k expert set differs, from the stats of ``L{i}.topk_ids``
-    in stats captures ``a`` and ``b`` (rows paired by ``idx_a``/``idx_b``, an Analyzer alignment;
-    None = in order). Exact for k <= 4, a lower bound above (module docstring)."""
+    """MoE layer -> share of tokens whose top-k expert set differs, from ``L{i}.topk_ids`` in captures
+    ``a`` and ``b`` of one mode (rows paired by ``idx_a``/``idx_b``, an Analyzer alignment; None = in
+    order): the sorted ids of tensor captures (exact), the order-free stats of stats captures (exact
+    for k <= 4, a lower bound above: module docstring)."""
     cols = [STAT_NAMES.index(s) for s in SET_STATS]
     out = {}
     for site in sort_sites([s for s in a.data_vars if s in b.data_vars and parse(s).kind == "topk_ids"]):
-        if "stat" not in a[site].dims or "stat" not in b[site].dims:
-            continue
-        sa, sb = a[site].values[:, cols], b[site].values[:, cols]
+        modes = {"stat" in a[site].dims, "stat" in b[site].dims}
+        if len(modes) > 1 or a[site].shape[1:] != b[site].shape[1:]:
+            continue  # a stats capture against a tensor one, or another k: not one set to compare
+        stats = modes == {True}
+        # [tokens, 4] order-free stats, or [tokens, k] ids in ascending order: a set either way
+        sa, sb = (a[site].values[:, cols], b[site].values[:, cols]) if stats else (
+            np.sort(a[site].values, axis=1), np.sort(b[site].values, axis=1))
         sa, sb = (sa if idx_a is None else sa[idx_a]), (sb if idx_b is None else sb[idx_b])
         out[parse(site).layer] = float(np.mean(np.any(sa != sb, axis=1))) if len(sa) else float("nan")
     return out

@@ -92,12 +92,13 @@ class RolloutActor:
         self.engine = build_engine(engine, model_path, dtype, rollouts=True)
         self.watcher: monitor.Monitor | None = None  # the mismatch monitor, built at its first reading here
 
-    def measure(self, step: int, sites: str, model: torch.nn.Module, probe: torch.Tensor) -> monitor.Reading:
+    def measure(self, step: int, sites: str, mode: str, model: torch.nn.Module, probe: torch.Tensor
+                ) -> monitor.Reading:
         """The mismatch monitor's reading of this actor's engine (the one that made rollouts, on the
         weights it last loaded) against the trainer actor's ``model``; its noise floor is measured
         once per actor, at its first reading."""
         if self.watcher is None:
-            self.watcher = monitor.load(sites)
+            self.watcher = monitor.load(sites, mode)
         return self.watcher.measure(step, model, self.engine, probe)
 
     def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> tuple[float, float]:
@@ -325,7 +326,7 @@ class RayBackend:
             completions = ray.get(self.rollout[name].complete.remote(prompts, params))
         return ray.get(self.trainer.score_held_out.remote(completions))
 
-    def monitor_reader(self, sites: str, n_tokens: int) -> Callable[[int], monitor.Reading]:
+    def monitor_reader(self, sites: str, mode: str, n_tokens: int) -> Callable[[int], monitor.Reading]:
         """The lifecycle's monitor reader in ray mode: at each reading the first rollout actor loads the
         latest published weights and measures its own engine against the trainer actor's model (the
         engine that really made rollouts, in its process; the model travels, the engine does not)."""
@@ -336,7 +337,7 @@ class RayBackend:
                 self.publish(step)
             name = next(iter(self.rollout))
             self._load(name, max(self.weights), [])  # actor calls run in order: the load comes first
-            return ray.get(self.rollout[name].measure.remote(step, sites, self.trainer.model.remote(), probe))
+            return ray.get(self.rollout[name].measure.remote(step, sites, mode, self.trainer.model.remote(), probe))
 
         return read
 

@@ -22,7 +22,7 @@ A mode supplies a ``Policy`` (checkpoint, restore, held-out evaluation, wherever
 that calls ``evaluation_due``/``record`` per step. The monitor reads the policy's trainer (``model``,
 ``engine``, ``tokenizer``, ``eval_set``: the sync ``Trainer`` itself, or ``policy.learner.trainer``), and
 calls ``policy.serve_latest()`` where the engine may lag the published weights (async); a policy whose
-model and engines live elsewhere (Ray) reads it there, ``policy.monitor_reader(sites, tokens)`` giving the
+model and engines live elsewhere (Ray) reads it there, ``policy.monitor_reader(sites, mode, tokens)`` giving the
 reader. A loop whose engine may be generating when ``record`` runs waits for it first where
 ``monitor_due(step + 1)``.
 """
@@ -204,9 +204,9 @@ class Lifecycle:
             return
         elsewhere = getattr(self.policy, "monitor_reader", None)
         if elsewhere is not None:
-            self.read = elsewhere(self.cfg.monitor_sites, self.cfg.monitor_tokens)
+            self.read = elsewhere(self.cfg.monitor_sites, self.cfg.monitor_mode, self.cfg.monitor_tokens)
             return
-        trainer, watcher = self._trainer(), monitor.load(self.cfg.monitor_sites)
+        trainer, watcher = self._trainer(), monitor.load(self.cfg.monitor_sites, self.cfg.monitor_mode)
         probe = monitor.probe(trainer, self.cfg.monitor_tokens)
         self.read = lambda step: watcher.measure(step, trainer.model, trainer.engine, probe)
 

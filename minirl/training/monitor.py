@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # torch loads with the trainer, not with the config
     import torch
 
 PROVIDER = "aligntools.monitor:MismatchMonitor"
-"""``module:Class`` of the monitor, built as ``Class(sites=...)``: aligntools' Tracker + Analyzer."""
+"""``module:Class`` of the monitor, built as ``Class(sites=..., mode=...)``: aligntools' Tracker + Analyzer."""
 
 DEFAULT_SITES = "L*.attn_out,L*.mlp_out,L*.resid_post,L*.router_logits,L*.topk_ids"
 """Each layer's attention, MLP and residual outputs, and on MoE layers the router logits and the
@@ -88,10 +88,11 @@ def check(config: object) -> None:
                          f"problems, never trained on; set n_eval >= 1")
 
 
-def load(sites: str) -> Monitor:
-    """The monitor ``PROVIDER`` names, watching ``sites``."""
+def load(sites: str, mode: str = "stats") -> Monitor:
+    """The monitor ``PROVIDER`` names, watching ``sites`` in capture ``mode`` (``stats``: per-token
+    summaries, lower-bound errors; ``tensor``: the probe's tensors, exact errors)."""
     module, _, name = PROVIDER.partition(":")
-    return getattr(importlib.import_module(module), name)(sites=sites)
+    return getattr(importlib.import_module(module), name)(sites=sites, mode=mode)
 
 
 def probe(trainer: object, n_tokens: int) -> torch.Tensor:

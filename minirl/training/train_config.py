@@ -255,6 +255,10 @@ class TrainConfig:
     monitor_tokens: int = ranged(64, 2, 4096, why="the probe is one sequence of this many held-out tokens, "
                                                  "run on both sides at every reading")
     """probe size in tokens (held-out problems and their answers, one sequence)."""
+    monitor_mode: str = one_of("stats", ("stats", "tensor"))
+    """how the monitor captures the probe: ``stats`` keeps per-token summaries (errors are lower
+    bounds, ~10x under on a deep residual stream), ``tensor`` keeps the tensors (exact errors; 64
+    tokens of a 135M model are ~13 MB a side). docs/runs.md."""
 
     def __post_init__(self) -> None:
         import_setup_modules(self.setup_modules)  # first: they may register the task checked next

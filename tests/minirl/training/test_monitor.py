@@ -70,11 +70,31 @@ def test_quantized_weights_are_monitored(moe_path, hf_moe):
     assert set(reading.routing_flips) == {0, 1, 2, 3}
 
 
+def test_tensor_mode_reads_exact_errors_that_stats_mode_bounds_from_below(moe_path, hf_moe):
+    """``monitor_mode: tensor``: every site's error is the exact one, at least the stats-mode lower
+    bound (a stats comparison can miss an error, never invent one); routing flips from the sorted
+    ids equal those from the order-free stats at top-2 (exact for k <= 4)."""
+    from aligntools.monitor import MismatchMonitor
+    from minirl import Engine, Knobs
+
+    engine = Engine.from_pretrained(moe_path, "float32", Knobs.aligned().replace(weights="int8"))
+    probe = torch.randint(3, 500, (1, 48), generator=torch.Generator().manual_seed(0))
+    stats = MismatchMonitor(monitor_door.DEFAULT_SITES).measure(0, hf_moe, engine, probe)
+    exact = MismatchMonitor(monitor_door.DEFAULT_SITES, mode="tensor").measure(0, hf_moe, engine, probe)
+    assert exact.rel_l2.keys() == stats.rel_l2.keys()
+    assert all(exact.rel_l2[s] >= stats.rel_l2[s] * (1 - 1e-9) for s in stats.rel_l2), (exact.rel_l2, stats.rel_l2)
+    assert max(exact.rel_l2[s] / stats.rel_l2[s] for s in stats.rel_l2 if stats.rel_l2[s] > 0) > 1.5  # looser bounds
+    assert exact.routing_flips == stats.routing_flips and exact.first_divergence == "L0.attn_out"
+    with pytest.raises(ValueError, match="monitor mode must be 'stats' or 'tensor'; got 'exact'"):
+        MismatchMonitor(monitor_door.DEFAULT_SITES, mode="exact")
+
+
 def test_async_monitor_reads_the_weights_the_engine_serves(quick_config):
     """An fp32-aligned engine one update behind the trainer would differ by the update (~1e-3 here);
-    the async monitor loads the published weights first, so every reading is at fp32 noise."""
+    the async monitor loads the published weights first, so every reading is at fp32 noise, read
+    exactly (``monitor_mode: tensor``, from the config)."""
     result = train(quick_config(engine="minirl:aligned", engine_dtype="float32", mode="async", steps=3,
-                                monitor_every=1, lr=1e-2))
+                                monitor_every=1, monitor_mode="tensor", lr=1e-2))
     ds = run_log.load(result.log_path)
     assert ds["monitor_step"].values.tolist() == [0, 1, 2, 3]
     assert np.nanmax(ds["monitor_rel_l2"].values) < 1e-5
@@ -104,6 +124,8 @@ def test_monitor_off_writes_nothing_and_on_perturbs_nothing_and_resumes(quick_co
 def test_config_check_refuses_what_the_monitor_cannot_do(quick_config, monkeypatch):
     with pytest.raises(ValueError, match="monitor_every=5 with n_eval=0: the monitor's probe is held-out problems"):
         quick_config(monitor_every=5, n_eval=0)
+    with pytest.raises(ValueError, match="monitor_mode=.exact.; valid: stats, tensor"):
+        quick_config(monitor_every=5, monitor_mode="exact")
     with pytest.raises(ValueError, match=r"monitor_every=-1: must be >= 0 \(0 = off\)"):
         quick_config(monitor_every=-1)
     with pytest.raises(ValueError, match="monitor_sites=' ': must not be empty \\(the monitor would watch nothing\\)"):
