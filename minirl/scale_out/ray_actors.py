@@ -91,15 +91,20 @@ class RolloutActor:
         _setup(modules, cpus)
         self.engine = build_engine(engine, model_path, dtype, rollouts=True)
         self.watcher: monitor.Monitor | None = None  # the mismatch monitor, built at its first reading here
+        self.trainer_model: torch.nn.Module | None = None  # the trainer's model, sent once, for the monitor
 
-    def measure(self, step: int, sites: str, mode: str, model: torch.nn.Module, probe: torch.Tensor
-                ) -> monitor.Reading:
+    def measure(self, step: int, sites: str, mode: str, model: torch.nn.Module | None,
+                state_dict: dict[str, torch.Tensor], probe: torch.Tensor) -> monitor.Reading:
         """The mismatch monitor's reading of this actor's engine (the one that made rollouts, on the
-        weights it last loaded) against the trainer actor's ``model``; its noise floor is measured
-        once per actor, at its first reading."""
+        weights it last loaded) against the trainer's model on the published ``state_dict`` (the
+        weights the engine loaded). ``model``: the trainer actor's model, sent with the first reading
+        only (None after: its weights are all that change). The noise floor is measured once per actor."""
+        if model is not None:
+            self.trainer_model = model
         if self.watcher is None:
             self.watcher = monitor.load(sites, mode)
-        return self.watcher.measure(step, model, self.engine, probe)
+        self.trainer_model.load_state_dict(state_dict)
+        return self.watcher.measure(step, self.trainer_model, self.engine, probe)
 
     def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> tuple[float, float]:
         start = time.time()
@@ -328,16 +333,24 @@ class RayBackend:
 
     def monitor_reader(self, sites: str, mode: str, n_tokens: int) -> Callable[[int], monitor.Reading]:
         """The lifecycle's monitor reader in ray mode: at each reading the first rollout actor loads the
-        latest published weights and measures its own engine against the trainer actor's model (the
-        engine that really made rollouts, in its process; the model travels, the engine does not)."""
+        latest published weights and measures its own engine against the trainer actor's model on the
+        same weights (the engine that really made rollouts, in its process). The model travels once
+        per actor (again to a replacement); after that only the published weights, already in the
+        object store, are read."""
         probe = ray.get(self.trainer.monitor_probe.remote(n_tokens))
+        holder = None  # the rollout actor that has the trainer's model
 
         def read(step: int) -> monitor.Reading:
+            nonlocal holder
             if not self.weights:  # before the loop's first publish (the run's first reading)
                 self.publish(step)
-            name = next(iter(self.rollout))
-            self._load(name, max(self.weights), [])  # actor calls run in order: the load comes first
-            return ray.get(self.rollout[name].measure.remote(step, sites, mode, self.trainer.model.remote(), probe))
+            name, version = next(iter(self.rollout)), max(self.weights)
+            actor = self.rollout[name]
+            self._load(name, version, [])  # actor calls run in order: the load comes first
+            model = None if holder is actor else self.trainer.model.remote()
+            reading = actor.measure.remote(step, sites, mode, model, self.weights[version], probe)
+            holder = actor
+            return ray.get(reading)
 
         return read
 

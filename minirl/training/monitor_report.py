@@ -64,17 +64,24 @@ def median_growth(ds: xr.Dataset, kind: str | None = None) -> Trend | None:
     where ``sentence`` names the site that moved most. Per kind because sites of one kind move alike
     and kinds do not: stats-mode readings of a deep residual stream swing ~10x between readings
     where attention outputs move by percents (docs/runs.md). None: no such site, or 1 reading."""
-    rel = ds["monitor_rel_l2"]
-    if kind is not None:
-        rel = rel.sel(site=[s for s in rel["site"].values if str(s).rsplit(".", 1)[-1] == kind])
-        if not rel.sizes["site"]:
-            return None
+    rel = ds["monitor_rel_l2"] if kind is None else of_kind(ds, kind)
+    if not rel.sizes["site"]:
+        return None
     return trend(ds["monitor_step"].values, np.log(rel.median("site").values))
 
 
 def site_kinds(ds: xr.Dataset) -> list[str]:
     """The kinds of site the readings hold (``attn_out``, ``mlp_out``...), in execution order."""
-    return list(dict.fromkeys(str(s).rsplit(".", 1)[-1] for s in ds["site"].values))
+    return list(dict.fromkeys(_kind(s) for s in ds["site"].values))
+
+
+def of_kind(ds: xr.Dataset, kind: str) -> xr.DataArray:
+    """``monitor_rel_l2`` [monitor_step, site] of the sites of one kind (none: an empty site axis)."""
+    return ds["monitor_rel_l2"].sel(site=[s for s in ds["site"].values if _kind(s) == kind])
+
+
+def _kind(site: object) -> str:
+    return str(site).rsplit(".", 1)[-1]  # "L3.attn_out" -> "attn_out" (docs/sites.md)
 
 
 def compare_growth(runs: dict[str, xr.Dataset], kind: str | None = None) -> str:
@@ -108,7 +115,7 @@ def kinds_figure(runs: dict[str, xr.Dataset]) -> Figure:
     fig = Figure(figsize=(4 * len(kinds), 3.6), layout="constrained")
     for ax, kind in zip(np.atleast_1d(fig.subplots(1, len(kinds), sharex=True)), kinds):
         for name, ds in runs.items():
-            rel = ds["monitor_rel_l2"].sel(site=[s for s in ds["site"].values if str(s).rsplit(".", 1)[-1] == kind])
+            rel = of_kind(ds, kind)
             if rel.sizes["site"]:
                 ax.plot(ds["monitor_step"].values, rel.median("site").values, marker="o", label=name)
         ax.set(yscale="log", xlabel="RL step", title=f"median {kind} error", ylabel="relative L2, engine vs trainer")

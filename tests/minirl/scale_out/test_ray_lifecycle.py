@@ -45,14 +45,14 @@ def test_ray_mode_is_a_first_class_run(zoo, tmp_path):
 def test_example_task_runs_from_mlab_train_in_ray_mode_with_the_monitor(zoo, tmp_path, example_dir, monkeypatch,
                                                                          capsys):
     """The researcher's task from ``mlab train``, and the mismatch monitor in ray mode: the rollout
-    actor reads its own engine against the trainer actor's model, on the published weights. An
-    fp32-aligned engine one update (lr 1e-2) behind the trainer would differ by ~1e-3; every
-    reading is at fp32 noise."""
+    actor reads its own engine against the trainer actor's model, on the published weights. With
+    either side one update (lr 1e-2) behind the other a reading is ~1 (measured, the trainer side
+    left on its first weights); every reading is at fp32 noise."""
     monkeypatch.syspath_prepend(str(example_dir))  # the driver imports it as the workers do
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(dict(
         model=str(zoo("tiny-qwen3")), mode="ray", task="my_tasks:Doubling", task_kwargs={"max_number": 50},
-        sft_steps=0, prompts_per_step=2, group_size=2, max_new_tokens=3, steps=1, minibatches=1, n_train=8, n_eval=4,
+        sft_steps=0, prompts_per_step=2, group_size=4, max_new_tokens=6, steps=1, minibatches=1, n_train=8, n_eval=4,
         eval_every=1, checkpoint_every=0, progress=False, rollout_actors=1, cpus_per_actor=0.5, lr=1e-2,
         engine="minirl:aligned", engine_dtype="float32", monitor_every=1, monitor_tokens=32,
         out_dir=str(tmp_path / "out"))))
@@ -62,6 +62,7 @@ def test_example_task_runs_from_mlab_train_in_ray_mode_with_the_monitor(zoo, tmp
     assert not math.isnan(log["reward"].values[0])  # the reward actor scored with the imported task
     for accuracy, reward in zip(log["eval_accuracy"].values, log["eval_reward"].values):
         assert 0 <= accuracy <= reward <= 1
+    assert log["grad_norm"].values[0] > 0 and log["opt_skipped"].values[0] == 0  # the weights moved: a stale side shows
     assert log["monitor_step"].values.tolist() == [0, 1] and log.sizes["site"] == 12  # 4 layers x 3 dense sites
     assert np.nanmax(log["monitor_rel_l2"].values) < 1e-5
     assert log["monitor_first_divergence"].values.tolist() == ["", ""]

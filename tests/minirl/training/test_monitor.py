@@ -96,6 +96,7 @@ def test_async_monitor_reads_the_weights_the_engine_serves(quick_config):
     result = train(quick_config(engine="minirl:aligned", engine_dtype="float32", mode="async", steps=3,
                                 monitor_every=1, monitor_mode="tensor", lr=1e-2))
     ds = run_log.load(result.log_path)
+    assert (ds["grad_norm"].values > 0).any()  # the weights moved: a reading behind them would show it
     assert ds["monitor_step"].values.tolist() == [0, 1, 2, 3]
     assert np.nanmax(ds["monitor_rel_l2"].values) < 1e-5
     assert ds["monitor_first_divergence"].values.tolist() == [""] * 4
