@@ -1,0 +1,175 @@
+"""One contract per architecture family: what the model computes between its modules.
+
+Why a table: every engine computes the same model, but not in the same modules. transformers'
+Gemma embedding module returns the embedding already times √hidden while vLLM's returns it
+unscaled and multiplies in the model's forward; Granite divides the logits by
+``logits_scaling`` and Cohere multiplies them by ``logit_scale`` after ``lm_head`` (transformers
+in the model's forward, vLLM in ``compute_logits``); Gemma 2/3 soft-cap them. A capture that
+reads a module output, and a trainer that computes ``log_softmax(h @ lm_head.T)``, see different
+tensors under one name unless someone says what each site *means*. This module says it, once,
+for every reader: the capture adapters (aligntools' hf/vllm/fused), the RL trainer's fused
+log-prob path, vLLM's weight sync and the minirl engine. It imports nothing, so any layer may
+read it.
+
+What the sites mean (the same on every engine):
+  * ``embed``: what the first layer adds to, i.e. after any embedding scale;
+  * ``logits``: what is softmaxed, i.e. after any scaling and soft-capping;
+  * ``resid_mid`` / ``resid_post``: the residual stream after attention / after the layer;
+  * ``mlp_norm``: the norm whose output feeds the MLP (``pre_feedforward_layernorm`` in a
+    sandwich block); blocks without one (parallel, post-norm) have no ``resid_mid``/``mlp_norm``.
+
+Public surface: ``Family`` (one entry), ``FAMILIES`` (by ``model_type``), ``family(config)``,
+``embed_scale(config)``, ``LogitsTransform`` / ``logits_transform(config)``. A new family is one
+``Family`` entry here plus its test in tests/families/ (docs/models.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+#: How a decoder layer is wired.
+#:  * ``pre_norm``: x + attn(norm1(x)), then + mlp(norm2(.)) (Llama, Qwen, Mixtral, Granite, ...);
+#:  * ``sandwich``: as pre_norm, with the attention and MLP outputs normed again before the add
+#:    (Gemma 2/3: ``post_attention_layernorm`` normalises the attention output, the MLP's
+#:    pre-norm is ``pre_feedforward_layernorm``);
+#:  * ``post_norm``: x + norm(attn(x)), then + norm(mlp(.)) (OLMo 2/3): no pre-norm sites;
+#:  * ``parallel``: x + attn(norm(x)) + mlp(norm(x)) (Cohere, GPT-NeoX): one norm, no
+#:    ``resid_mid``/``mlp_norm``.
+BlockShape = Literal["pre_norm", "sandwich", "post_norm", "parallel"]
+
+#: Which module of a layer, by attribute name, is the MLP's pre-norm, per block shape (None: none).
+MLP_NORM_BY_BLOCK: dict[str, tuple[str, ...] | None] = {
+    "pre_norm": ("post_attention_layernorm", "ffn_norm", "ln_2"),
+    "sandwich": ("pre_feedforward_layernorm",),
+    "post_norm": None,
+    "parallel": None,
+}
+
+
+@dataclass(frozen=True)
+class LogitsTransform:
+    """What the model's forward applies to ``lm_head``'s output before the softmax, in its order:
+    ``* multiply``, ``/ divide``, then ``tanh(z / softcap) * softcap``. Kept as the model writes
+    them (Granite divides, Cohere multiplies) so an fp32 capture reproduces its bits."""
+
+    multiply: float = 1.0
+    divide: float = 1.0
+    softcap: float | None = None
+
+    @property
+    def identity(self) -> bool:
+        return self.multiply == 1.0 and self.divide == 1.0 and self.softcap is None
+
+    @property
+    def scale(self) -> float:
+        """The combined linear factor (``multiply / divide``), for kernels that fold it into a
+        temperature."""
+        return self.multiply / self.divide
+
+    def apply(self, logits):
+        """``logits`` (a tensor, ``lm_head``'s output) -> what the model softmaxes; a new tensor."""
+        out = logits
+        if self.multiply != 1.0:
+            out = out * self.multiply
+        if self.divide != 1.0:
+            out = out / self.divide
+        if self.softcap is not None:
+            out = (out / self.softcap).tanh() * self.softcap
+        return out
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture family's quirks (fields default to the Llama shape).
+
+    ``embed_scale_attr``: the config attribute the embedding is multiplied by (``"sqrt_hidden"``
+    for √hidden_size); ``hf_embed_scaled``: transformers' embedding *module* already applies it
+    (Gemma's ``ScaledWordEmbedding``), so only other engines' captures scale theirs.
+    ``logits_multiply_attr`` / ``logits_divide_attr`` / ``softcap_attr``: config attributes of
+    the logits transform. ``vllm_layer_returns_sum``: vLLM's layer returns ``(hidden + residual,
+    residual)`` rather than ``(delta, residual)``, so its first output already is the residual
+    stream. ``vllm_transformers_backend``: vLLM 0.32 serves the family through
+    ``TransformersForCausalLM`` (transformers' own modules inside vLLM). ``vllm_refusal``: why
+    vLLM's CPU build cannot serve it (None: it can).
+    """
+
+    model_type: str
+    block: BlockShape = "pre_norm"
+    embed_scale_attr: str | None = None
+    hf_embed_scaled: bool = False
+    logits_multiply_attr: str | None = None
+    logits_divide_attr: str | None = None
+    softcap_attr: str | None = None
+    vllm_layer_returns_sum: bool = False
+    vllm_transformers_backend: bool = False
+    vllm_refusal: str | None = None
+
+    @property
+    def mlp_norm_names(self) -> tuple[str, ...] | None:
+        return MLP_NORM_BY_BLOCK[self.block]
+
+
+def _entries(*families: Family) -> dict[str, Family]:
+    return {f.model_type: f for f in families}
+
+
+_GEMMA = dict(embed_scale_attr="sqrt_hidden", hf_embed_scaled=True)
+_GRANITE = dict(embed_scale_attr="embedding_multiplier", logits_divide_attr="logits_scaling")
+
+#: Every family with a tested entry (docs/models.md has the table of what passes where).
+FAMILIES: dict[str, Family] = _entries(
+    Family("llama"), Family("mistral"), Family("qwen2"), Family("qwen3"), Family("qwen2_moe"),
+    Family("qwen3_moe"), Family("mixtral"), Family("olmoe"), Family("phi3"), Family("glm4"),
+    Family("gpt_oss"), Family("deepseek_v3"),
+    Family("gemma", **_GEMMA),
+    Family("gemma2", block="sandwich", softcap_attr="final_logit_softcapping", **_GEMMA),
+    Family("gemma3_text", block="sandwich", softcap_attr="final_logit_softcapping", **_GEMMA),
+    Family("gemma3", block="sandwich", softcap_attr="final_logit_softcapping", **_GEMMA),  # = gemma3_text
+    Family("granite", **_GRANITE),
+    Family("granitemoe", **_GRANITE),
+    Family("cohere", block="parallel", logits_multiply_attr="logit_scale", vllm_layer_returns_sum=True),
+    Family("stablelm", vllm_layer_returns_sum=True),
+    Family("olmo2", block="post_norm", vllm_transformers_backend=True),
+    Family("olmo3", block="post_norm", vllm_transformers_backend=True),
+    Family("starcoder2", vllm_transformers_backend=True),
+    Family("smollm3", vllm_transformers_backend=True),
+    Family("seed_oss", vllm_transformers_backend=True),
+    Family("arcee", vllm_transformers_backend=True),
+    Family("glm", vllm_transformers_backend=True),
+    Family("gpt_neox", block="parallel", vllm_transformers_backend=True),
+)
+
+#: What an unknown ``model_type`` is taken to be: a pre-norm block with no scaling anywhere.
+DEFAULT = Family("unknown")
+
+
+def family(config: object | None) -> Family:
+    """The entry for ``config.model_type`` (a transformers config or anything with that
+    attribute), or ``DEFAULT`` (Llama-shaped) when the family has none."""
+    return FAMILIES.get(getattr(config, "model_type", None) or "", DEFAULT)
+
+
+def embed_scale(config: object | None) -> float | None:
+    """The factor the model multiplies its token embedding by before the first layer, or None."""
+    attr = family(config).embed_scale_attr
+    if attr is None:
+        return None
+    if attr == "sqrt_hidden":
+        return math.sqrt(config.hidden_size)
+    value = getattr(config, attr, None)
+    return None if value in (None, 1, 1.0) else float(value)
+
+
+def logits_transform(config: object | None) -> LogitsTransform:
+    """What ``config``'s model applies after ``lm_head`` (identity for most families)."""
+    fam = family(config)
+
+    def read(attr: str | None) -> float | None:
+        value = getattr(config, attr, None) if attr else None
+        return None if value is None else float(value)
+
+    return LogitsTransform(multiply=read(fam.logits_multiply_attr) or 1.0,
+                           divide=read(fam.logits_divide_attr) or 1.0,
+                           softcap=read(fam.softcap_attr))
