@@ -33,11 +33,19 @@ e4m3_rne(clamp(fl32(x / s)))`` (this kernel divides; the per-tensor one multipli
 A weight a format cannot hold (``unfit``: int4 on a width that is not a multiple of 32) is
 kept in full precision by the engine and listed (``Engine.unquantized``), as llama.cpp keeps a
 tensor in F16 when no quantized block fits its rows; ``fake_quantize`` itself refuses it.
+An int4 block whose scale overflows fp16 (``|m| / 8`` above 65504: a weight above ~5.2e5) would
+dequantize to inf and NaN, as ggml's and ``gguf``'s own Q4_0 do; such a block keeps its
+full-precision values and is named in a warning (``overflowing_blocks``). An empty matrix is
+returned as it is: there is nothing to round.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("none", "fp8_e4m3", "int8", "int4", "fp8_e4m3_tensor")
 ACTIVATION_FORMATS = ("none", "fp8")
@@ -56,7 +64,7 @@ def fake_quantize(w: torch.Tensor, fmt: str, name: str = "weight") -> torch.Tens
         raise ValueError(f"{name}: weight quantization scales per output row and needs a matrix; "
                          f"got shape {tuple(w.shape)}")
     x = w.detach().float()
-    if fmt == "none":
+    if fmt == "none" or x.numel() == 0:
         return x
     if fmt == "fp8_e4m3":
         return _fp8_e4m3(x, x.abs().amax(-1, keepdim=True), invert=False)
@@ -68,7 +76,13 @@ def fake_quantize(w: torch.Tensor, fmt: str, name: str = "weight") -> torch.Tens
         raise ValueError(f"weights={fmt!r}: {name} (shape {tuple(x.shape)}) {why}; use weights='int8' or "
                          f"'fp8_e4m3' for it")
     d, q = q4_0_blocks(x)
-    return ((q.float() - 8.0) * d.float()).reshape(x.shape)
+    values = (q.float() - 8.0) * d.float()
+    if (n := int((over := overflowing_blocks(d)).sum())) > 0:
+        log.warning("weights='int4': %d of %d blocks of %s (shape %s) stay in full precision: their fp16 scale "
+                    "|max| / 8 overflows (a weight above %.3g), where ggml's Q4_0 gives inf and NaN",
+                    n, d.numel(), name, tuple(x.shape), Q4_SCALE_LIMIT)
+        values = torch.where(over, x.reshape(values.shape), values)
+    return values.reshape(x.shape)
 
 
 def fake_quantize_activations(x: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -89,6 +103,16 @@ def unfit(fmt: str, shape: torch.Size | tuple[int, ...]) -> str | None:
     if fmt == "int4" and shape[-1] % Q4_BLOCK:
         return f"has {shape[-1]} input features, not a multiple of int4's block of {Q4_BLOCK}"
     return None
+
+
+Q4_SCALE_LIMIT = 8.0 * 65520.0
+"""Smallest block magnitude whose Q4_0 scale ``m / -8`` rounds to inf in fp16 (65504 is fp16's
+largest finite value; 65520 and above round up to inf)."""
+
+
+def overflowing_blocks(d: torch.Tensor) -> torch.Tensor:
+    """[..., in/32, 1] bool: the Q4_0 blocks whose fp16 scale ``d`` (``q4_0_blocks``) is not finite."""
+    return ~torch.isfinite(d)
 
 
 def q4_0_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
