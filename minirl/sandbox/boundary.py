@@ -104,6 +104,11 @@ class Call:
         """``argv`` (a Python command) inside the boundary."""
         return argv if self._cgroup is None else self._cgroup.command([*self._bwrap, *argv])
 
+    def oom_kills(self) -> int:
+        """Processes of the call the kernel killed at its memory limit so far (0 without a cgroup:
+        ``audit-only`` has only the rlimits, which fail an allocation instead of killing)."""
+        return 0 if self._cgroup is None else self._cgroup.oom_kills()
+
     def close(self) -> None:
         """If the kill fails (it raises), the uid stays claimed: its processes may still run."""
         if self._cgroup is not None:

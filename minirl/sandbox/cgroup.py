@@ -21,6 +21,7 @@ import signal
 import time
 
 CONTROLLERS = ("memory", "pids")
+OOM_COUNTS = ("memory.events", "memory.oom_control")  # v2, v1: each holds an "oom_kill N" line
 KILL_WAIT_S = 10.0  # SIGKILLed processes are gone in milliseconds; past this the kernel is stuck
 _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
 _names = itertools.count()
@@ -53,6 +54,20 @@ class CallCgroup:
     def pids(self) -> list[int]:
         with open(os.path.join(self.dirs[0], "cgroup.procs")) as f:
             return [int(line) for line in f]
+
+    def oom_kills(self) -> int:
+        """How many processes of the call the kernel killed for reaching its memory limit: the
+        ``oom_kill`` count of v2's ``memory.events`` or v1's ``memory.oom_control`` (0 where the
+        kernel keeps no count)."""
+        for d in self.dirs:
+            for file in OOM_COUNTS:
+                try:
+                    with open(os.path.join(d, file)) as f:
+                        counts = dict(line.split() for line in f if line.strip())
+                except FileNotFoundError:
+                    continue
+                return int(counts.get("oom_kill", 0))
+        return 0
 
     def kill(self) -> None:
         """SIGKILL every process of the call and return once none is left. A pid is signalled

@@ -123,6 +123,7 @@ def _run(code: str, timeout_s: float, memory_mb: int) -> tuple[str, str]:
             timed_out = True
         finally:
             _kill_group(proc)
+            oom_kills = call.oom_kills()  # before close() removes the cgroup that counts them
             call.close()  # every process of the call is gone: the pipes end, nothing writes any more
         out.join(), err.join(), shown.join()
         stdout, stderr = out.text(), err.text()
@@ -131,6 +132,9 @@ def _run(code: str, timeout_s: float, memory_mb: int) -> tuple[str, str]:
                 f"\nPartial stdout:\n{stdout}" if stdout else "")
         if proc.returncode != 0:
             died = f"Process killed by signal {name}\n" if (name := _signal_name(proc.returncode)) else ""
+            if oom_kills:
+                died = (f"MemoryError: the call's memory limit (memory_mb={memory_mb}) was reached; the kernel "
+                        f"killed {oom_kills} of its processes\n{died}")
             return "error", (stdout + ("\n" if stdout else "") + died + stderr).rstrip()
         if stdout:
             return "stdout", stdout
