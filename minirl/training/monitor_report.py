@@ -80,6 +80,11 @@ def of_kind(ds: xr.Dataset, kind: str) -> xr.DataArray:
     return ds["monitor_rel_l2"].sel(site=[s for s in ds["site"].values if _kind(s) == kind])
 
 
+def _layer(site: object) -> str:
+    """``"L3.attn_out"`` -> ``"L3"``; a site outside the layers (``embed``) is its own name."""
+    return str(site).split(".", 1)[0]
+
+
 def _kind(site: object) -> str:
     return str(site).rsplit(".", 1)[-1]  # "L3.attn_out" -> "attn_out" (docs/sites.md)
 
@@ -132,7 +137,33 @@ def load(path: str | os.PathLike) -> xr.Dataset:
     if "monitor_rel_l2" not in ds:
         raise ValueError(f"{path} holds no mismatch monitor readings: the run had monitor_every: 0; run it with "
                          f"monitor_every: N (e.g. 10) to read the trainer against the engine every N steps")
-    return ds
+    check(ds, path)
+    return ds.sortby("monitor_step") if (np.diff(ds["monitor_step"].values) < 0).any() else ds
+
+
+def check(ds: xr.Dataset, path: str | os.PathLike) -> None:
+    """Refuse, naming what is wrong, a monitor log no monitor could have written: a variable
+    missing, readings that are not numbers, no site, an error below 0 or a routing-flip share
+    outside [0, 1]. NaN and inf are readings (an engine that blew up), not damage."""
+    for name in ("monitor_first_divergence", "monitor_step", "site"):
+        if name not in ds.variables:
+            raise ValueError(f"{path}: not a complete monitor log: no {name}")
+    if not ds.sizes["site"]:
+        raise ValueError(f"{path}: the log has no site: the monitor read none (monitor_sites matched no site)")
+    for name, low, high in (("monitor_rel_l2", 0.0, math.inf), ("monitor_routing_flips", 0.0, 1.0)):
+        if name not in ds:
+            continue
+        values = ds[name].values
+        if values.dtype.kind not in "fiu":
+            raise ValueError(f"{path}: {name} must be numbers; got {values.dtype} values such as "
+                             f"{values.flat[0]!r}: the log is damaged")
+        with np.errstate(invalid="ignore"):
+            out = (values < low) | (values > high)
+        if out.any():
+            i, j = np.argwhere(out)[0]
+            raise ValueError(f"{path}: {name} holds {int(out.sum())} values outside [{low:g}, {high:g}] "
+                             f"({values[i, j]:g} at step {ds['monitor_step'].values[i]}): no monitor writes "
+                             f"such a reading; the log is damaged")
 
 
 def sentence(ds: xr.Dataset) -> str:
@@ -140,22 +171,41 @@ def sentence(ds: xr.Dataset) -> str:
     routing flips changed most, and where the first divergence went."""
     steps = ds["monitor_step"].values
     span = f"from step {steps[0]} to {steps[-1]}"
+    blown = _nonfinite(ds)
     if len(steps) < 3:
         which = f"{len(steps)} readings ({span}) are" if len(steps) > 1 else f"1 reading (step {steps[0]}) is"
-        return (f"{which} too few to tell a trend from noise (3 or more: lower monitor_every or run longer); "
-                f"{_divergence(ds)}.")
-    parts = [_errors(ds, span), _flips(ds), _divergence(ds)]
+        parts = [blown, f"{which} too few to tell a trend from noise (3 or more: lower monitor_every or run longer)",
+                 _divergence(ds, bool(blown))]
+    else:
+        parts = [blown, _errors(ds, span, bool(blown)), _flips(ds), _divergence(ds, bool(blown))]
     return "; ".join(p for p in parts if p) + "."
 
 
-def _errors(ds: xr.Dataset, span: str) -> str:
+def _nonfinite(ds: xr.Dataset) -> str:
+    """The readings whose error is NaN or inf, named first: an engine whose outputs blew up gives
+    them, the worst case there is (a fit, which skips them, would read it as clean). '' for none."""
+    rel = ds["monitor_rel_l2"].values
+    bad = ~np.isfinite(rel)
+    if not bad.any():
+        return ""
+    steps, sites = ds["monitor_step"].values, [str(s) for s in ds["site"].values]
+    hit = [sites[j] for j in np.flatnonzero(bad.any(axis=0))]
+    kinds = " and ".join(k for k, m in (("NaN", np.isnan(rel)), ("inf", np.isinf(rel))) if m.any())
+    named = ", ".join(hit[:3]) + (f" and {len(hit) - 3} more sites" if len(hit) > 3 else "")
+    which = "every reading is" if bad.all() else f"{int(bad.sum())} of {bad.size} readings are"
+    return (f"{which} not finite ({kinds}; {named}, first at step {steps[np.flatnonzero(bad.any(axis=1))[0]]}): "
+            f"the engine's or the trainer's outputs blew up, the worst mismatch, not a clean one")
+
+
+def _errors(ds: xr.Dataset, span: str, blown: bool) -> str:
+    """The site whose finite error changed most (``blown``: non-finite readings are said apart)."""
     steps, rel = ds["monitor_step"].values, ds["monitor_rel_l2"].values
     with np.errstate(divide="ignore", invalid="ignore"):
         logs = np.where(rel > 0, np.log(rel), np.nan)
     fits = {str(s): t for s, t in zip(ds["site"].values, (trend(steps, logs[:, j]) for j in range(rel.shape[1])))
             if t is not None}
     if not fits:
-        return f"no site had a nonzero error in 3 readings {span}"
+        return "" if blown else f"no site had a nonzero error in 3 readings {span}"
     real = {s: t for s, t in fits.items() if t.real}
     site, t = max((real or fits).items(), key=lambda kv: abs(kv[1].last - kv[1].first))
     factor = math.exp(t.last - t.first)
@@ -182,11 +232,16 @@ def _flips(ds: xr.Dataset) -> str:
     return f"routing flips in L{layer} {'rose' if t.last > t.first else 'fell'} from {ends}"
 
 
-def _divergence(ds: xr.Dataset) -> str:
+def _divergence(ds: xr.Dataset, blown: bool = False) -> str:
+    """Where the first divergence was and went. A site of a layer the log has no readings of is said
+    to be one (router sites have no error readings of their own, so the layer is what can be checked)."""
     steps = ds["monitor_step"].values
-    where = [str(s) or "none" for s in ds["monitor_first_divergence"].values]
+    layers = {_layer(s) for s in ds["site"].values}
+    where = [(s if _layer(s) in layers else f"{s} (a layer this log has no readings of)") if (s := str(v)) else
+             "none" for v in ds["monitor_first_divergence"].values]
     if all(w == "none" for w in where):
-        return "no site diverged beyond the noise floor"
+        return ("no first divergence was named (a non-finite error passes no limit test)" if blown else
+                "no site diverged beyond the noise floor")
     if len(where) == 1:
         return f"first divergence at {where[0]} at step {steps[0]}"
     if where[-1] == where[0]:
@@ -200,8 +255,8 @@ def _divergence(ds: xr.Dataset) -> str:
 
 def figure(ds: xr.Dataset) -> Figure:
     """Left: site x monitor step heatmap of log10 relative error (bright = worse), each step's first
-    divergence marked; right, for a model with MoE layers: routing flips per layer. The sentence is
-    the title."""
+    divergence marked, a NaN or inf reading written in red in its cell (a blank one is a zero error);
+    right, for a model with MoE layers: routing flips per layer. The sentence is the title."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -210,10 +265,13 @@ def figure(ds: xr.Dataset) -> Figure:
     moe = "monitor_routing_flips" in ds
     fig = Figure(figsize=(13 if moe else 9, max(4.0, 0.22 * len(sites) + 1.8)), layout="constrained")
     heat, lines = fig.subplots(1, 2, width_ratios=[1.6, 1]) if moe else (fig.subplots(), None)
-    with np.errstate(divide="ignore"):
-        shown = np.log10(np.where(rel > 0, rel, np.nan)).T  # [site, step]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shown = np.log10(np.where((rel > 0) & np.isfinite(rel), rel, np.nan)).T  # [site, step]
     image = heat.imshow(shown, aspect="auto", cmap="magma", interpolation="nearest")
     fig.colorbar(image, ax=heat, label="log10 relative L2 error, engine vs trainer (bright = worse)")
+    for j, i in np.argwhere(~np.isfinite(rel)):  # a blown-up reading: named in its cell, not left blank
+        heat.text(j, i, "NaN" if np.isnan(rel[j, i]) else "inf", color="red", ha="center", va="center",
+                  fontsize="x-small", fontweight="bold")
     for j, site in enumerate(ds["monitor_first_divergence"].values):
         if str(site) in sites:
             heat.plot(j, sites.index(str(site)), marker="x", color="cyan", markersize=8, mew=2)

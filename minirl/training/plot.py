@@ -107,7 +107,8 @@ def seed_groups(run_dirs: list[str | os.PathLike]) -> list[tuple[str, list[int]]
     """``(legend label, indices of run_dirs)`` per curve: runs whose ``config.yaml`` differ only in
     ``seed`` (and the ``IGNORED_KEYS``) are one curve. A label is ``key=value`` for each config key
     that differs between the curves; the directory name where that says nothing (one curve, or a
-    run without config.yaml) or would not tell two curves apart; ``(N seeds)`` follows a band."""
+    run without config.yaml) or would not tell two curves apart; ``(N seeds)`` follows a band
+    (``_band_size``)."""
     from minirl.training.config_file import read_config_file  # bounded, no aliases: a config cannot hang the plot
 
     dirs = [Path(d) for d in run_dirs]
@@ -124,7 +125,18 @@ def seed_groups(run_dirs: list[str | os.PathLike]) -> list[tuple[str, list[int]]
     if len(set(labels)) < len(labels):
         labels = [f"{dirs[m[0]].name}: {label}" if label != dirs[m[0]].name else label
                   for label, m in zip(labels, groups.values())]
-    return [(label if len(m) == 1 else f"{label} ({len(m)} seeds)", m) for label, m in zip(labels, groups.values())]
+    return [(label + _band_size([configs[i] for i in m]), m) for label, m in zip(labels, groups.values())]
+
+
+def _band_size(configs: list[dict | None]) -> str:
+    """`` (N seeds)`` after a band of N seeds, `` (N runs)`` where its runs share a seed (copies of one
+    run: the band is not a spread over seeds), `` (N runs, K seeds)`` between; '' for one run."""
+    if len(configs) == 1:
+        return ""
+    seeds = len({repr((c or {}).get("seed")) for c in configs})
+    if seeds == len(configs):
+        return f" ({seeds} seeds)"
+    return f" ({len(configs)} runs)" if seeds == 1 else f" ({len(configs)} runs, {seeds} seeds)"
 
 
 def legend_labels(run_dirs: list[str | os.PathLike]) -> list[str]:
