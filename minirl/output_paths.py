@@ -24,6 +24,12 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (
           (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
 
 
+def describe_mode(mode: int) -> str:
+    """What a ``st_mode`` is, in words ("a FIFO", "a symlink", ...), for messages that name it."""
+    kinds = ((stat.S_ISLNK, "a symlink"), (stat.S_ISREG, "a regular file"), *_KINDS)
+    return next((kind for is_kind, kind in kinds if is_kind(mode)), "not a file")
+
+
 class OutputPathError(OSError):
     """An output path that must not or cannot be written; the message names the path and why."""
 
