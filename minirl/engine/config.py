@@ -67,6 +67,38 @@ class ModelSpec:
     multiply; Mixtral keeps them in fp32 (so ``out_bf16 * w_fp32`` is rounded once)."""
     hybrid: HybridSpec | None = None
     """BailingHybrid only: linear-attention / MLA layout and sigmoid-routing details."""
+    mlp_act: str = "silu"
+    """The MLP's activation, by its transformers ``ACT2FN`` name (``MLP_ACTS``)."""
+    gated_mlp: bool = True
+    """``act(gate) * up`` (SwiGLU / GeGLU); False: ``act(up)`` with no gate (Arcee's ReLU²)."""
+    qk_norm_per_head: bool = True
+    """QK-norm over each head's ``head_dim`` (Qwen3, Gemma 3); False: over the whole q / k
+    projection before the head split (OLMoE)."""
+    clip_qkv: float | None = None
+    """OLMoE: q, k and v clamped to ``[-clip_qkv, clip_qkv]`` after the projection (and QK-norm)."""
+    layer_rope_theta: tuple[float | None, ...] = ()
+    """Per-layer RoPE base; None marks a NoPE layer (SmolLM3), ``()`` means ``rope_theta`` everywhere.
+    Gemma 3 gives its sliding layers ``rope_local_base_freq``."""
+    layer_window: tuple[int | None, ...] = ()
+    """Per-layer sliding window (a query sees keys less than ``window`` positions back, transformers'
+    ``sliding_window_overlay``); None or ``()``: full causal attention."""
+    attn_scale: float | None = None
+    """Attention score scale; None: ``head_dim ** -0.5`` (Gemma 2/3: ``query_pre_attn_scalar ** -0.5``)."""
+    attn_softcap: float | None = None
+    """Gemma 2: scores ``tanh(s / cap) * cap`` before the mask and softmax."""
+    final_softcap: float | None = None
+    """Gemma 2/3: logits ``tanh(l / cap) * cap``, what is softmaxed."""
+    embed_scale: float | None = None
+    """Gemma: the embedding times ``sqrt(hidden_size)``, the factor rounded to the model dtype first."""
+    norm_offset: bool = False
+    """Gemma: every RMSNorm multiplies by ``1 + weight`` (computed in fp32, one rounding at the end)."""
+    sandwich_norms: bool = False
+    """Gemma 2/3: the attention and MLP outputs are normed before their residual add
+    (``post_attention_layernorm`` / ``post_feedforward_layernorm``); the MLP's input norm is
+    ``pre_feedforward_layernorm``."""
+    shared_expert_size: int = 0
+    """Qwen2-MoE: a dense shared expert of this size added to the routed ones, scaled by
+    ``sigmoid(shared_expert_gate(x))``; 0: none."""
 
     @property
     def q_size(self) -> int:
@@ -79,17 +111,64 @@ class ModelSpec:
     def is_moe(self, layer: int) -> bool:
         return layer in self.moe_layers
 
+    def theta(self, layer: int) -> float | None:
+        """The RoPE base of ``layer`` (None: a NoPE layer)."""
+        return self.layer_rope_theta[layer] if self.layer_rope_theta else self.rope_theta
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (None: full causal attention)."""
+        return self.layer_window[layer] if self.layer_window else None
+
+
+MLP_ACTS = ("silu", "gelu_pytorch_tanh", "gelu", "relu2")
+"""transformers ``ACT2FN`` names the engine's MLP computes (``minirl.engine.ops.ACT_FNS``)."""
+
 
 def check_common(cfg: dict) -> None:
     """Features no architecture of the engine implements: fail at load, naming the feature."""
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"hidden_act {act!r} is not supported (SwiGLU with silu only)")
-    if cfg.get("use_sliding_window") or "sliding_attention" in (cfg.get("layer_types") or []):
-        raise ValueError("sliding-window attention is not supported; set use_sliding_window=false")
-    rope_type = rope_params(cfg).get("rope_type", rope_params(cfg).get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default' RoPE)")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=true is not supported (the engine decodes causally)")
+    for params in rope_layers(cfg).values():
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default' RoPE)")
+
+
+def mlp_act(cfg: dict, key: str = "hidden_act") -> str:
+    """The MLP activation named by ``cfg[key]`` (absent: the family's transformers default, GeGLU
+    for Gemma, else silu), refused by name when the engine lacks it."""
+    act = cfg.get(key) or ("gelu_pytorch_tanh" if cfg.get("model_type", "").startswith("gemma") else "silu")
+    if act not in MLP_ACTS:
+        raise ValueError(f"{key} {act!r} is not supported; the engine's MLP computes {', '.join(MLP_ACTS)}")
+    return act
+
+
+def rope_layers(cfg: dict) -> dict[str, dict]:
+    """RoPE parameters per layer type: Gemma 3's ``rope_parameters`` is keyed by layer type
+    (``full_attention`` / ``sliding_attention``); every other family has one dict, for all layers."""
+    params = rope_params(cfg)
+    if params and all(isinstance(v, dict) for v in params.values()):
+        return params
+    return {"full_attention": params}
+
+
+def layer_windows(cfg: dict, every_layer: bool = False) -> tuple[int | None, ...]:
+    """Per-layer sliding windows as transformers applies them: on the ``sliding_attention``
+    layers of ``layer_types`` (Gemma 2/3 always; Qwen2/3 and SmolLM3 only with
+    ``use_sliding_window``), or on every layer (``every_layer``: Mistral's ``sliding_window``).
+    A window that covers ``max_position_embeddings`` changes nothing and is dropped."""
+    window, n = cfg.get("sliding_window"), cfg["num_hidden_layers"]
+    if not window or not cfg.get("use_sliding_window", True) or window >= cfg["max_position_embeddings"]:
+        return ()
+    if every_layer:
+        return (int(window),) * n
+    types = cfg.get("layer_types")
+    if types is None:
+        raise ValueError(f"config.json of {cfg['model_type']!r} sets sliding_window={window} but no layer_types, "
+                         f"so which layers slide is transformers' per-family rule; load and re-save the "
+                         f"config with transformers >= 5, which writes layer_types")
+    out = tuple(int(window) if t == "sliding_attention" else None for t in types)
+    return out if any(out) else ()
 
 
 def rope_params(cfg: dict) -> dict:
@@ -101,15 +180,14 @@ def rope_theta(cfg: dict) -> float:
     return float(rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
-def dense_fields(cfg: dict) -> dict:
-    """The ModelSpec fields every Llama-family decoder shares (attention, dense MLP, RoPE)."""
-    arch = cfg["model_type"]
+def dense_fields(cfg: dict, *, qkv_bias: bool, o_bias: bool, qk_norm: bool = False) -> dict:
+    """The ModelSpec fields every Llama-shaped decoder shares (attention, dense MLP, RoPE); the
+    family says which biases and norms its attention has (its config fields differ)."""
     hidden, n_heads = cfg["hidden_size"], cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or hidden // n_heads
     partial = rope_params(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    bias = bool(cfg.get("attention_bias", False))
     return dict(
-        arch=arch,
+        arch=cfg["model_type"],
         vocab_size=cfg["vocab_size"],
         hidden_size=hidden,
         n_layers=cfg["num_hidden_layers"],
@@ -121,12 +199,13 @@ def dense_fields(cfg: dict) -> dict:
         rope_theta=rope_theta(cfg),
         rotary_dim=int(head_dim * partial),
         max_positions=cfg["max_position_embeddings"],
-        qkv_bias=arch == "qwen2" or bias,
-        o_bias=bias,
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
-        qk_norm=arch in ("qwen3", "qwen3_moe"),
+        qk_norm=qk_norm,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         eos_token_ids=eos_token_ids(cfg),
+        mlp_act=mlp_act(cfg),
     )
 
 

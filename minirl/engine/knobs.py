@@ -65,10 +65,11 @@ class Knobs:
     FlashRL-style online FP8 rollout; weights alone understate its mismatch."""
 
     activation: str = "fused_silu_mul"
-    """SwiGLU ``silu(gate) * up``. ``fused_silu_mul``: computed in fp32 and rounded once (vLLM/
-    SGLang ``silu_and_mul`` on the fused gate_up output). ``hf``: ``silu`` rounded to the
-    activation dtype, then multiplied (transformers ``act_fn(gate) * up``). Ring-linear 5.2.1
-    "ensure identical implementation"."""
+    """The MLP activation: SwiGLU ``silu(gate) * up``, GeGLU (Gemma, ``gelu`` tanh approximation) or
+    ReLU² (Arcee, no gate). ``fused_silu_mul``: computed in fp32 and rounded once (vLLM/SGLang
+    ``silu_and_mul`` / ``gelu_tanh_and_mul`` on the fused gate_up output). ``hf``: the activation
+    rounded to the activation dtype, then multiplied (transformers ``act_fn(gate) * up``).
+    Ring-linear 5.2.1 "ensure identical implementation"."""
 
     rope: str = "cached_table"
     """kernels rope variant. ``cached_table``: cos/sin table precomputed once and stored in
@@ -82,6 +83,11 @@ class Knobs:
     """``sdpa``: torch scaled_dot_product_attention (fused backend). ``eager``: explicit
     softmax(QK^T/sqrt(d))V in fp32 softmax as transformers' eager path. Ring-linear 5.2.1
     Attention: "the used backend must be consistent between training and inference"."""
+
+    sliding_window: bool = True
+    """True: sliding-window layers (Mistral, Gemma 2/3, Qwen2/3 and SmolLM3 when their config sets
+    one) see only their window, as the checkpoint was trained. False: every layer attends to the
+    whole prefix (vLLM's ``disable_sliding_window``), a mismatch once a sequence outgrows the window."""
 
     decode: str = "incremental"
     """``incremental``: one token per step against the KV cache (what engines do).

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minirl.engine.ops import silu_mul
+from minirl.engine.ops import act_mul
 
 SUM_ORDERS = ("topk_slot", "expert_id")
 Emit = Callable[[str, torch.Tensor], None]
@@ -69,7 +69,7 @@ def experts_forward(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, g
         groups = _Padded(flat, seen) if _padding_is_cheap(seen) else _Sorted(flat, seen[-1])
     quant = cfg.act_quant or (lambda t: t)
     g = groups.group(quant(x).repeat_interleave(k, dim=0))  # pair rows, grouped by expert
-    h = silu_mul(groups.linear(g, gate_up), cfg.activation)  # [..., I]
+    h = act_mul(groups.linear(g, gate_up), cfg.activation)  # [..., I]
 
     out = None
     inter = h.shape[-1]

@@ -1,9 +1,10 @@
 """Small numerics the engine owns (the rest comes from ``kernels``): dtype and device names,
-the row-parallel GEMM with tensor-parallel emulation, and the two SwiGLU flavours.
+the row-parallel GEMM with tensor-parallel emulation, and the MLP activations in their two flavours.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -69,16 +70,31 @@ def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     return out
 
 
-def silu_mul(gate_up: torch.Tensor, flavour: str) -> torch.Tensor:
-    """SwiGLU on a fused ``[..., 2I]`` gate_up output -> ``[..., I]``.
+ACT_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu2": lambda x: torch.square(F.relu(x)),
+}
+"""transformers' ``ACT2FN`` entries by name, as its modules compute them (``relu2`` is
+``ReLUSquaredActivation``: ``square(relu(x))``)."""
 
-    ``fused_silu_mul``: fp32 ``silu(g) * u`` rounded once (vLLM ``silu_and_mul``).
-    ``hf``: ``silu(g)`` rounded to the activation dtype, then ``* u`` (transformers).
+
+def act_mul(h: torch.Tensor, flavour: str, act: str = "silu", gated: bool = True) -> torch.Tensor:
+    """The MLP's activation on a fused ``[..., 2I]`` gate_up output (``gated``) -> ``[..., I]``,
+    or on a plain ``[..., I]`` up output (Arcee's ReLU², no gate).
+
+    ``fused_silu_mul``: fp32 ``act(g) * u`` rounded once (vLLM ``silu_and_mul``,
+    ``gelu_tanh_and_mul``; its ReLU² is fp32 and rounded once as well).
+    ``hf``: ``act(g)`` rounded to the activation dtype, then ``* u`` (transformers).
     """
-    g, u = gate_up.chunk(2, dim=-1)
+    fn = ACT_FNS[act]
+    if not gated:
+        return fn(h) if flavour == "hf" else fn(h.float()).to(h.dtype)
+    g, u = h.chunk(2, dim=-1)
     if flavour == "hf":
-        return F.silu(g) * u
-    return (F.silu(g.float()) * u.float()).to(gate_up.dtype)
+        return fn(g) * u
+    return (fn(g.float()) * u.float()).to(h.dtype)
 
 
 ACTIVATIONS = ("fused_silu_mul", "hf")

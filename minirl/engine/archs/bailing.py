@@ -18,7 +18,7 @@ from minirl.engine.attention import attention, pad_rows
 from minirl.engine.batch import ForwardBatch
 from minirl.engine.archs import Arch
 from minirl.engine.archs.softmax_moe import expert_recipes
-from minirl.engine.config import HybridSpec, ModelSpec, eos_token_ids, rope_theta
+from minirl.engine.config import HybridSpec, ModelSpec, eos_token_ids, mlp_act, rope_theta
 from minirl.engine.knobs import Knobs
 from minirl.engine.kv_cache import KVCache
 from minirl.engine.linear_attention import causal_conv, delta_rule
@@ -39,6 +39,8 @@ def bailing_spec(cfg: dict) -> ModelSpec:
                          f"transformers builds the RoPE table from head_dim; only equal sizes are supported")
     if cfg.get("attention_bias"):
         raise ValueError("BailingHybrid attention_bias=true is not supported")
+    if mlp_act(cfg) != "silu":
+        raise ValueError(f"BailingHybrid hidden_act {cfg['hidden_act']!r} is not supported (SwiGLU with silu only)")
     n = cfg["num_hidden_layers"]
     types = cfg.get("layer_types") or ["full_attention" if (i + 1) % cfg.get("layer_group_size", 6) == 0
                                        else "linear_attention" for i in range(n)]

@@ -1,38 +1,58 @@
-"""Softmax-routed MoE decoders (Qwen3-MoE, Mixtral): Llama-family layers whose MLP is a router ->
+"""Softmax-routed top-k MoE decoders: Llama-shaped layers whose MLP is a router -> softmax ->
 top-k -> experts block on the sparse layers.
 
-The two differ in numerics the spec records: Mixtral keeps the top-k weights in fp32, Qwen3-MoE
-casts them to the router logits dtype; Mixtral's ``intermediate_size`` is the expert size and
-every layer is sparse, Qwen3-MoE picks sparse layers by ``decoder_sparse_step``/``mlp_only_layers``.
+What differs, the spec records: Mixtral keeps the top-k weights in fp32, Qwen3-MoE, Qwen2-MoE
+and OLMoE cast them to the router logits dtype; Mixtral's and OLMoE's ``intermediate_size`` is
+the expert size and every layer is sparse, the Qwen MoEs pick sparse layers by
+``decoder_sparse_step``/``mlp_only_layers``; Qwen2-MoE adds q/k/v biases and a shared expert
+scaled by ``sigmoid(shared_expert_gate(x))``; Qwen3-MoE has per-head QK-norm, OLMoE a QK-norm over
+the whole q / k projection and an optional ``clip_qkv``.
 """
 
 from __future__ import annotations
 
 from minirl.engine.archs import Arch
 from minirl.engine.archs import dense
-from minirl.engine.config import ModelSpec, dense_fields
+from minirl.engine.config import ModelSpec, dense_fields, layer_windows
 from minirl.engine.model import Transformer
-from minirl.engine.weight_map import Layout, Recipe, one, stack, stack_gate_up
+from minirl.engine.weight_map import Layout, Recipe, one, single, stack, stack_gate_up
 
 
 def spec(cfg: dict) -> ModelSpec:
-    common = dense_fields(cfg)
-    if cfg["model_type"] == "mixtral":
-        return ModelSpec(**common, moe_layers=tuple(range(common["n_layers"])),
-                         n_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
-                         moe_intermediate_size=cfg["intermediate_size"], renormalize=True,
-                         topk_weights_in_logits_dtype=False)
+    family = cfg["model_type"]
+    bias = bool(cfg.get("attention_bias", False))
+    common = dense_fields(cfg, qkv_bias=bool(cfg.get("qkv_bias", True)) if family == "qwen2_moe" else bias,
+                          o_bias=bias and family != "qwen2_moe", qk_norm=family in ("qwen3_moe", "olmoe"))
+    common["layer_window"] = layer_windows(cfg, every_layer=family != "qwen2_moe")  # Qwen2-MoE: by layer_types
+    if family in ("mixtral", "olmoe"):
+        n_experts = cfg["num_local_experts"] if family == "mixtral" else cfg["num_experts"]
+        return ModelSpec(**common, moe_layers=tuple(range(common["n_layers"])), n_experts=n_experts,
+                         top_k=cfg["num_experts_per_tok"], moe_intermediate_size=cfg["intermediate_size"],
+                         renormalize=family == "mixtral" or bool(cfg.get("norm_topk_prob", False)),
+                         topk_weights_in_logits_dtype=family == "olmoe", qk_norm_per_head=family != "olmoe",
+                         clip_qkv=cfg.get("clip_qkv"))
     n_experts = cfg.get("num_experts") or cfg["num_local_experts"]
     step, dense_only = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or [])
     moe = tuple(i for i in range(common["n_layers"])
                 if i not in dense_only and n_experts > 0 and (i + 1) % step == 0)
     return ModelSpec(**common, moe_layers=moe, n_experts=n_experts, top_k=cfg["num_experts_per_tok"],
                      moe_intermediate_size=cfg["moe_intermediate_size"],
-                     renormalize=bool(cfg.get("norm_topk_prob", False)), topk_weights_in_logits_dtype=True)
+                     renormalize=bool(cfg.get("norm_topk_prob", False)), topk_weights_in_logits_dtype=True,
+                     shared_expert_size=cfg["shared_expert_intermediate_size"] if family == "qwen2_moe" else 0)
 
 
 def recipes(spec: ModelSpec) -> list[Recipe]:
-    return dense.recipes(spec, moe_layer=expert_recipes)
+    return dense.recipes(spec, moe_layer=moe_recipes)
+
+
+def moe_recipes(spec: ModelSpec, i: int) -> list[Recipe]:
+    """Router and experts of MoE layer ``i``, plus Qwen2-MoE's shared expert and its gate."""
+    out = expert_recipes(spec, i)
+    if spec.shared_expert_size:
+        out += dense.mlp_recipes(spec, i, prefix="mlp.shared_expert.", target="shared_", size=spec.shared_expert_size)
+        out.append(single(f"L{i}.shared_gate", f"model.layers.{i}.mlp.shared_expert_gate.weight",
+                          (1, spec.hidden_size)))
+    return out
 
 
 def expert_recipes(spec: ModelSpec, i: int) -> list[Recipe]:

@@ -35,7 +35,7 @@ def test_explicit_cpu_puts_every_tensor_on_cpu(zoo, prompts):
     eng = Engine.from_pretrained(zoo("tiny-qwen3-moe"), device=torch.device("cpu"))
     assert eng.device == torch.device("cpu") == resolve_device("cpu")
     assert {t.device for t in eng.model.w.values()} == {torch.device("cpu")}
-    assert eng.model.rope_table.device == torch.device("cpu")
+    assert all(t.device == torch.device("cpu") for t in eng.model.rope_tables.values())
     seen: set[torch.device] = set()
     eng.add_tap(lambda site, value, meta: seen.update({value.device, meta.request.device, meta.position.device,
                                                        meta.token_id.device}))

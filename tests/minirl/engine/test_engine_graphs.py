@@ -102,9 +102,9 @@ def test_static_rope_is_the_cached_table_kernel(engine, cache_dtype):
     x = torch.randn(5, 6, model.spec.head_dim, dtype=torch.bfloat16)
     positions = torch.tensor([0, 3, 17, 100, 4])
     batch = ForwardBatch.static_decode(torch.zeros(5, dtype=torch.long), positions, torch.arange(5), 128, step=1)
-    want = kernels.get("rope", "cached_table")(x, positions, **model.rope_kw)
+    want = kernels.get("rope", "cached_table")(x, positions, theta=model.spec.rope_theta, **model.rope_kw)
     assert torch.equal(model.apply_rope(x, batch), want)
-    assert model.rope_table.shape[0] >= model.spec.max_positions
+    assert model.rope_tables[model.spec.rope_theta].shape[0] >= model.spec.max_positions
 
 
 def test_static_moe_pads_for_the_worst_routing():
