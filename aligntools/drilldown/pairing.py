@@ -15,6 +15,13 @@ and the first divergence rule of ``aligntools.analyzer.divergence.jumps``, one l
 an op jumps when ``error`` beats its limit and ``threshold`` x ``input_error``. When instead
 ``input_error`` jumps over ``upstream``, the error entered in the unpaired ops between: those
 are named (e.g. RoPE computed on q and k together).
+
+A non-finite output (NaN or +inf, on either side, paired or not) is a divergence of its own:
+the relative L2 leaves such elements out (NaN against NaN is "equal"), so a NaN weight read by
+both engines would otherwise compare clean. Its error is inf and the earliest such op is the
+first divergence unless an op jumped before it. -inf alone is not counted: attention masks fill
+scores with it on one side and ``finfo.min`` on the other; an overflow to -inf turns into NaN
+one op later (softmax, SiLU) and is named there.
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ class OpDivergence:
     knob: str
     row: int
     unpaired: bool
+    nonfinite: tuple[int | None, int | None] | None = None
+    """NaN/+inf elements of the op's output (train, infer; None: not run on that side), when that
+    is why it is named; ``fed_finite``: whether its inputs were all finite (else they came in so)."""
+    fed_finite: bool = True
 
     @property
     def factor(self) -> float:
@@ -54,9 +65,15 @@ class OpDivergence:
             return float(np.float64(self.error) / np.float64(self.input_error))
 
     def __str__(self) -> str:
+        knob = f"; knob: {self.knob}" if self.knob else "; no minirl knob sets it"
+        if self.nonfinite is not None:
+            came = ("from finite inputs" if self.fed_finite else
+                    "its inputs were already non-finite (from the module input or an op not recorded)")
+            counts = ", ".join(f"{'not run' if n is None else n} in {side}"
+                               for n, side in zip(self.nonfinite, ("train", "infer")))
+            return f"first non-finite op {self.op} ({self.role}): NaN/inf output elements {counts}, {came}{knob}"
         where = "unpaired ops " if self.unpaired else "op "
         jump = "from clean inputs" if self.input_error == 0 else f"x{self.factor:.3g} its inputs' error"
-        knob = f"; knob: {self.knob}" if self.knob else "; no minirl knob sets it"
         return (f"first divergent {where}{self.op} ({self.role}): relative L2 {self.error:.3g} > limit "
                 f"{self.limit:.3g}, {jump} ({self.input_error:.3g}){knob}")
 
@@ -76,6 +93,13 @@ def rel_l2(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     a, b = a.masked_fill(masked, 0.0), b.masked_fill(masked, 0.0)
     rows = lambda t: t.reshape(max(len(t), 1) if t.dim() else 1, -1).numpy()  # noqa: E731
     return float(derive(aggregate(row_sums(rows(a), rows(b))))["rel_l2"])
+
+
+def nonfinite(t: torch.Tensor) -> int:
+    """NaN and +inf elements of ``t`` (-inf is a mask fill value, see the module docstring)."""
+    if not t.is_floating_point():
+        return 0
+    return int((t.isnan() | (t == float("inf"))).sum())
 
 
 def line_up(ops_a: list[Op], ops_b: list[Op]) -> list[tuple[Op | None, Op | None]]:
@@ -101,6 +125,15 @@ def analyse(rows: list[tuple[Op | None, Op | None]], input_error: float, limit: 
     clean: set[int] = set()  # unpaired ops upstream of a clean value: not where an error entered
     first: OpDivergence | None = None
     for n, (a, b) in enumerate(rows):
+        blown = (a and nonfinite(a.out), b and nonfinite(b.out))  # None: not run on that side
+        if any(blown):  # a finding of its own, whatever the finite elements' error says
+            table[n].update(error=np.inf, growth=np.inf)
+            if first is None:
+                table[n]["jumps"] = True
+                fed = not any(nonfinite(x.value) for op in (a, b) if op for x in op.args)
+                first = OpDivergence(_name(a, b), (a or b).role, np.inf, np.nan, limit, table[n]["knob"], n,
+                                     not (a and b), blown, fed)
+            continue
         if not (a and b):
             continue
         walk = lambda args: [_upstream(srcs, ops, errors, input_error)  # noqa: E731
