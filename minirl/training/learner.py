@@ -52,8 +52,9 @@ class Learner:
         return [(p, encode(self.trainer.tokenizer, p.prompt)[0]) for p in self.trainer.problems(step)]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the weights: what is published to the rollout workers."""
-        return {k: v.detach().clone() for k, v in self.trainer.model.state_dict().items()}
+        """A detached copy of the master weights (fp32 whatever ``trainer_dtype``): what is
+        published to the rollout workers, as the weight sync loads them."""
+        return {k: v.detach().clone() for k, v in self.trainer.master.state_dict().items()}
 
     def learn(self, step: int, rollouts: list[Rollout], rewards: torch.Tensor, token_versions: list[torch.Tensor]
               ) -> dict[str, float]:
@@ -71,11 +72,12 @@ class Learner:
 
     def save(self, path: Path, step: int, rows: list[dict]) -> None:
         """Checkpoint (core format) after ``step`` steps, with the loop's metric rows."""
-        checkpointing.save(path, self.trainer.model, self.trainer.opt,
+        checkpointing.save(path, self.trainer.master, self.trainer.opt,
                            {"step": step, "version": self.version, "rows": rows, "config": self.cfg.to_dict()})
 
     def restore(self, path: Path) -> tuple[int, list[dict]]:
         """Load a checkpoint written by ``save``: -> (steps done, metric rows)."""
-        state = checkpointing.load(path, self.trainer.model, self.trainer.opt)
+        state = checkpointing.load(path, self.trainer.master, self.trainer.opt)
+        self.trainer.sync_compute()
         self.version = state["version"]
         return state["step"], state["rows"]

@@ -45,12 +45,12 @@ IGNORED_KEYS = ("out_dir", "progress", "report_to")
 """config keys that never name a run in the legend (where it ran, how it reported)."""
 
 
-def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
-    """Write ``figure(run_dirs)`` to ``out`` (format from its suffix: .png, .pdf, .svg); returns
+def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike, smooth: int = 1) -> Path:
+    """Write ``figure(run_dirs, smooth)`` to ``out`` (format from its suffix: .png, .pdf, .svg); returns
     ``out``. Raises ``ValueError`` naming a directory that holds no run log, ``OSError`` for an
     ``out`` that cannot take a figure (checked before any log loads)."""
     out = _check_out(Path(out))
-    return _save(figure(run_dirs), out)
+    return _save(figure(run_dirs, smooth), out)
 
 
 def plot_sites(run_dir: str | os.PathLike, out: str | os.PathLike, readings: xr.Dataset | None = None) -> Path:
@@ -66,9 +66,10 @@ def plot_sites(run_dir: str | os.PathLike, out: str | os.PathLike, readings: xr.
     return _save(monitor_report.figure(readings), out, tight=False)  # its layout engine fits it
 
 
-def figure(run_dirs: list[str | os.PathLike]) -> Figure:
+def figure(run_dirs: list[str | os.PathLike], smooth: int = 1) -> Figure:
     """``run_dirs``' curves overlaid in ``PANELS``, the seeds of one config as one band, the legend
-    beside the panels in as many distinct colours as there are curves."""
+    beside the panels in as many distinct colours as there are curves; each run's curve is first
+    ``smoothed`` over ``smooth`` steps (1 = raw)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -82,7 +83,7 @@ def figure(run_dirs: list[str | os.PathLike]) -> Figure:
     for ax, (title, ylabel, curve) in zip(axes, PANELS):
         drawn = False
         for (label, members), colour in zip(groups, colours):
-            steps, mean, ci = band([(logs[i]["step"].values, curve(logs[i])) for i in members])
+            steps, mean, ci = band([(logs[i]["step"].values, smoothed(curve(logs[i]), smooth)) for i in members])
             if steps.size:
                 ax.plot(steps, mean, marker=".", color=colour, label=label)
                 if len(members) > 1:
@@ -101,6 +102,22 @@ def figure(run_dirs: list[str | os.PathLike]) -> Figure:
         fig.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), ncol=math.ceil(len(names) / 30),
                    fontsize="small" if len(names) <= 10 else "x-small")
     return fig
+
+
+def smoothed(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` steps of the finite values (a step's value and the
+    ``window - 1`` before it; NaN where none is finite, so sparse columns such as held-out accuracy
+    stay sparse in effect): at 600 steps, three raw arms are one unreadable band."""
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"smooth={window!r}: the smoothing window is a whole number of steps >= 1 (1 = raw curves)")
+    values = np.asarray(values, dtype=float)
+    if window == 1:
+        return values
+    finite = np.isfinite(values)
+    sums = np.convolve(np.where(finite, values, 0.0), np.ones(window))[: values.size]
+    counts = np.convolve(finite.astype(float), np.ones(window))[: values.size]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / counts, np.nan)
 
 
 def seed_groups(run_dirs: list[str | os.PathLike]) -> list[tuple[str, list[int]]]:
@@ -180,6 +197,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "one band (mean, 95% interval).")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="out_dir of a minirl run (holds metrics.nc)")
     p.add_argument("--out", required=True, metavar="FIG", help="figure file to write (.png, .pdf, .svg)")
+    p.add_argument("--smooth", type=int, default=1, metavar="N",
+                   help="trailing mean of each run's curves over N steps (default 1: raw)")
     p.add_argument("--sites", action="store_true",
                    help="one run's mismatch monitor (monitor_every): site x step heatmap of relative error and "
                         "routing flips per layer, and the sentence that sums them up")
@@ -188,7 +207,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _cli(args: argparse.Namespace) -> int:
     if not args.sites:
-        print(plot_runs(args.runs, args.out))
+        print(plot_runs(args.runs, args.out, args.smooth))
         return 0
     from minirl.training import monitor_report
 

@@ -181,6 +181,17 @@ class TrainConfig:
                          why="passes over each step's batch; past a few the policy only overfits that batch")
 
     # --- trainer compute (each changes float reduction order only; off = the reference path)
+    micro_batch_size: int = ranged(0, 0, why="0 = each minibatch in one forward and backward")
+    """rows per trainer forward and backward inside a minibatch (gradient accumulation, verl's
+    ``ppo_micro_batch_size``): peak memory follows it, not the group. The loss is normalised as one
+    batch (the minibatch's token or sequence count, every ``agg`` mode), so the update is the
+    unsplit one up to float rounding; 0 = the whole minibatch at once. Not with ``loss: espo``."""
+    trainer_dtype: str = one_of("float32", ("float32", "bfloat16"))
+    """what the trainer computes in. ``bfloat16`` is mixed precision as verl's FSDP MixedPrecision
+    (param_dtype bf16): a bf16 copy of the weights, loaded as ``mlab check --train hf:bfloat16``
+    loads the model, runs the forward and backward (every matmul and activation bf16; the lm_head
+    GEMM in bf16, its log-softmax and the loss in fp32); fp32 master weights and AdamW state take the
+    update, gradients accumulate in fp32. Not the default: it changes the numbers (docs/rl.md)."""
     shared_prefix: bool = False
     """trainer forwards pack each prompt once with its completions (block mask) instead of
     repeating it in every padded row: ~``group_size`` x fewer prompt tokens; same logprobs up to
@@ -280,6 +291,10 @@ class TrainConfig:
         if (self.prompts_per_step * self.group_size) % self.minibatches:
             raise ValueError(f"minibatches={self.minibatches} must divide prompts_per_step * group_size = "
                              f"{self.prompts_per_step * self.group_size}")
+        if self.micro_batch_size and self.loss == "espo":
+            raise ValueError(f"micro_batch_size={self.micro_batch_size} with loss: espo: ESPO averages over entropy "
+                             f"groups of the whole minibatch, which micro-batches would split; set micro_batch_size: "
+                             f"0, or use loss: ppo or gspo")
         combinations.check(self)
 
     @classmethod

@@ -3,7 +3,9 @@
     >>> import minirl
     >>> result = minirl.train(minirl.TrainConfig(steps=10, correction="icepop"))
 
-The training engine is a transformers model (fp32); the rollout engine is anything with
+The training engine is a transformers model, computing in fp32 or, with ``trainer_dtype:
+bfloat16``, in bf16 over fp32 master weights (``Trainer.model`` computes, ``Trainer.master`` is
+what AdamW steps, checkpoints and the weight sync read); the rollout engine is anything with
 ``generate`` + ``load_weights`` (``minirl.engines.RolloutEngine``). How mismatched they are is the
 experiment variable (``TrainConfig.engine`` / ``engine_dtype``). Every random choice is a pure
 function of ``(seed, step)``, so a resumed run reproduces the uninterrupted one exactly.
@@ -68,18 +70,26 @@ class Trainer:
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
         self.device = resolve_device(c.device)
         torch.manual_seed(c.seed)
+        dtype = getattr(torch, c.trainer_dtype)
         with quiet(c.progress):  # progress: false silences transformers' "Loading weights" bars too
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+            self.master = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+            # bf16: a compute copy loaded as `mlab check --train hf:bfloat16` loads it (its fp32
+            # buffers, RoPE's inv_freq, stay fp32), then given the master's weights
+            self.model = self.master if dtype == torch.float32 else \
+                transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        self.master.to(self.device).train()
         self.model.to(self.device).train()
+        self.pairs = compute_pairs(self.model, self.master)
+        self.sync_compute()
         if c.router_replay != "none" and not router_replay.routers(self.model):
             raise ValueError(f"router_replay={c.router_replay!r} needs an MoE model (Qwen3-MoE, Mixtral); "
                              f"{self.model_path} has no router: set router_replay: none")
         self.ref = None
         if c.kl_coef > 0:
             with quiet(c.progress):
-                self.ref = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+                self.ref = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
             self.ref.to(self.device).eval().requires_grad_(False)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
+        self.opt = torch.optim.AdamW(self.master.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
                                      fused=True)  # one kernel per step, not a loop over tensors (CPU and CUDA)
         if engine is None:
             engine = build_engine(c.engine, self.model_path, c.engine_dtype, self.device, rollouts=True)
@@ -123,7 +133,7 @@ class Trainer:
         without ``--overwrite``). Ctrl-C raises ``RunInterrupted`` saying which checkpoint is intact."""
         with Lifecycle.open(self.cfg, resume, overwrite) as self.life:
             self.life.run(self, resume, self._loop)
-        return TrainResult(self.out, self.log.path, self.log.rows, self.model)
+        return TrainResult(self.out, self.log.path, self.log.rows, self.master)
 
     @property
     def log(self) -> RunLog:
@@ -153,7 +163,7 @@ class Trainer:
             metrics = {"reward": math.nan, "nan_skipped": 0.0, "no_signal": 1.0, "lr": self.opt.param_groups[0]["lr"]}
         t = time.perf_counter()
         if drawn.rollouts and not metrics["nan_skipped"]:  # weight sync: the engine serves the updated policy
-            self.engine.load_weights(self.model)
+            self.engine.load_weights(self.master)
             if self.device.type == "cuda":  # the copy is queued: time it done, not launched
                 torch.cuda.synchronize(self.device)
         return {**metrics, **drawn.metrics, "reward_errors": float(drawn.errors), "time_rollout": time_rollout,
@@ -180,6 +190,7 @@ class Trainer:
             routing = old.routing if c.router_replay == "r2" else routing
         logp_old = old.logp * batch.mask if old is not None else batch.logp_infer
         weights, mask, metrics = correct(c, logp_old, batch.logp_infer, batch.mask)
+        metrics.update(gap_metrics(c, logp_old, batch.logp_infer, batch.mask))
         entropy_old = old.entropy if old is not None else None  # [B, L-1] of pi_old (ESPO, reshaping)
         if c.zero_variance == "reshape":
             adv = reshape(adv, rewards, entropy_old, batch.mask, g, c.zero_variance_alpha)
@@ -197,7 +208,8 @@ class Trainer:
         entropy = old.entropy if old is not None else update_entropy
         metrics.update(corrections.masked_token_stats(weights, mask, batch.logp_infer, entropy))
         if c.old_logprobs == "bypass":  # no trainer forward on the rollout: the gap is unmeasured
-            metrics.update({k: math.nan for k in corrections.mismatch_metrics(logp_old, logp_old, mask)})
+            gap = {**corrections.mismatch_metrics(logp_old, logp_old, mask), **gap_metrics(c, logp_old, logp_old, mask)}
+            metrics.update(dict.fromkeys(gap, math.nan))
         lengths = torch.tensor([len(r.token_ids) for r in rollouts], dtype=torch.float32)
         return {"reward": float(rewards.mean()), "accuracy": float((rewards > 0).float().mean()),
                 "length": float(lengths.mean()), "entropy": metrics.pop("entropy_all"),
@@ -216,46 +228,39 @@ class Trainer:
         known without computing them; ``skipped_minibatches`` counts those, ``no_signal`` marks a
         step where every minibatch was (bypass: their rows' entropy is unmeasured, NaN)."""
         c = self.cfg
-        n, width = len(batch.sequences), batch.mask.shape[1]
+        n = len(batch.sequences)
         gen = torch.Generator().manual_seed(_seed(c.seed, step, 2))
         entropy = torch.full_like(batch.logp_infer, math.nan)
         sums: dict[str, float] = {}
         count = skipped = 0
+        grad_norm_max = 0.0
         snapshot = None
         for epoch in range(c.epochs):
             for idx in torch.randperm(n, generator=gen).chunk(c.minibatches):
-                rows = idx.tolist()
                 if not needs_forward(adv[idx], c.kl_coef):
                     skipped += 1
                     continue
-                fwd = forward(self.model, [batch.sequences[i] for i in rows],
-                              None if routing is None else [routing[i] for i in rows],
-                              prompt_lens=[batch.prompt_lens[i] for i in rows] if c.shared_prefix else None)
-                logp = torch.nn.functional.pad(fwd.logp, (0, width - fwd.logp.shape[1]))  # [b, L-1]
-                if epoch == 0:
-                    entropy[idx] = torch.nn.functional.pad(fwd.entropy, (0, width - fwd.entropy.shape[1]))
-                loss, m = policy_loss(c, logp, logp_old[idx], adv[idx], mask[idx], weights[idx],
-                                      None if entropy_old is None else entropy_old[idx], self.model.config.vocab_size)
-                if logp_ref is not None:
-                    kl, km = losses.kl_penalty(logp, logp_ref[idx], mask[idx], c.kl_estimator, c.agg)
-                    loss, m = loss + c.kl_coef * kl, {**m, **km}
                 if snapshot is None:  # to roll back minibatches already applied if a later one fails
-                    snapshot = copy.deepcopy((self.model.state_dict(), self.opt.state_dict()))
+                    snapshot = copy.deepcopy((self.master.state_dict(), self.opt.state_dict()))
                 self.opt.zero_grad()
-                loss.backward()
-                params = [p for p in self.model.parameters() if p.grad is not None]
+                loss, m = self._backward(batch, idx, adv, logp_old, weights, mask, routing, logp_ref, entropy_old,
+                                         entropy if epoch == 0 else None)
+                params = [p for p in self.master.parameters() if p.grad is not None]
                 grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
                 if torch.isfinite(grad_norm):  # clipping by a non-finite norm would write NaN into every grad
                     torch.nn.utils.clip_grads_with_norm_(params, c.grad_clip, grad_norm)
                 if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
                     self.opt.zero_grad()
-                    self.model.load_state_dict(snapshot[0])
+                    self.master.load_state_dict(snapshot[0])
                     self.opt.load_state_dict(snapshot[1])
+                    self.sync_compute()
                     return {"nan_skipped": True, "_entropy": entropy}
                 no_signal = float(grad_norm) == 0.0  # every advantage 0 and no KL: nothing to learn from
                 if not no_signal:  # AdamW would still move the weights on momentum and decay, unguided
                     self.opt.step()
-                for k, v in {**m, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
+                    self.sync_compute()
+                grad_norm_max = max(grad_norm_max, float(grad_norm))
+                for k, v in {**m, "loss": float(loss), "grad_norm": float(grad_norm),
                              "opt_skipped": float(no_signal)}.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
@@ -264,9 +269,48 @@ class Trainer:
         # minibatches that ran; with none, they were not measured: NaN, so every step has the same columns
         ran = {k: v / count for k, v in sums.items()} if count else dict.fromkeys(loss_metric_names(c), math.nan)
         return {**ran, "loss": sums.get("loss", 0.0) / total, "grad_norm": sums.get("grad_norm", 0.0) / total,
-                "opt_skipped": (sums.get("opt_skipped", 0.0) + skipped) / total,
+                "grad_norm_max": grad_norm_max, "opt_skipped": (sums.get("opt_skipped", 0.0) + skipped) / total,
                 "skipped_minibatches": float(skipped), "no_signal": float(count == 0),
                 "nan_skipped": False, "_entropy": entropy}
+
+    def _backward(self, batch: Batch, idx: torch.Tensor, adv: torch.Tensor, logp_old: torch.Tensor,
+                  weights: torch.Tensor, mask: torch.Tensor, routing: list[torch.Tensor] | None,
+                  logp_ref: torch.Tensor | None, entropy_old: torch.Tensor | None, entropy: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Forward and backward of minibatch ``idx``, ``micro_batch_size`` rows at a time, its
+        gradient left in the master's ``.grad`` -> (its loss, its loss's diagnostics). Each
+        micro-batch's loss is scaled by ``micro_share`` so that the sum is the minibatch's loss as
+        one batch (the normaliser is the minibatch's, in every aggregation mode), and so are the
+        diagnostics (exact for ``pg_loss`` and the KL; a token fraction is exact under token-mean).
+        ``entropy`` (epoch 0): filled with the rows' update-pass entropy."""
+        c = self.cfg
+        width = batch.mask.shape[1]
+        size = c.micro_batch_size or len(idx)
+        policy_agg = POLICY_AGG[c.loss] if c.loss in POLICY_AGG else c.agg  # one micro-batch: share 1 whatever it is
+        total = torch.zeros((), device=self.device)
+        sums: dict[str, float] = {}
+        for part in idx.split(size):
+            rows = part.tolist()
+            fwd = forward(self.model, [batch.sequences[i] for i in rows],
+                          None if routing is None else [routing[i] for i in rows],
+                          prompt_lens=[batch.prompt_lens[i] for i in rows] if c.shared_prefix else None)
+            logp = torch.nn.functional.pad(fwd.logp, (0, width - fwd.logp.shape[1]))  # [b, L-1]
+            if entropy is not None:
+                entropy[part] = torch.nn.functional.pad(fwd.entropy, (0, width - fwd.entropy.shape[1]))
+            loss, m = policy_loss(c, logp, logp_old[part], adv[part], mask[part], weights[part],
+                                  None if entropy_old is None else entropy_old[part], self.model.config.vocab_size)
+            share = micro_share(policy_agg, mask[part], mask[idx])
+            loss, m = loss * share, {k: v * share for k, v in m.items()}
+            if logp_ref is not None:
+                kl, km = losses.kl_penalty(logp, logp_ref[part], mask[part], c.kl_estimator, c.agg)
+                kl_share = micro_share(c.agg, mask[part], mask[idx])
+                loss, m = loss + c.kl_coef * kl_share * kl, {**m, **{k: v * kl_share for k, v in km.items()}}
+            loss.backward()
+            self.take_grads()
+            total += loss.detach()
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+        return total, sums
 
     # ------------------------------------------------------------------ pieces
     def problems(self, step: int) -> list[tasks.Problem]:
@@ -317,17 +361,49 @@ class Trainer:
 
     # ------------------------------------------------------------------ the lifecycle's Policy
     def save_checkpoint(self, path: Path, state: dict) -> None:
-        checkpointing.save(path, self.model, self.opt, state)
+        checkpointing.save(path, self.master, self.opt, state)
 
     def load_checkpoint(self, path: Path) -> dict:
-        return checkpointing.load(path, self.model, self.opt)
+        state = checkpointing.load(path, self.master, self.opt)
+        self.sync_compute()
+        return state
 
     def resumed(self, step: int) -> None:
         """The checkpoint's optimizer groups hold the old values: take the config's (a resume may
         change them), and serve the restored weights."""
         for group in self.opt.param_groups:
             group.update(lr=self.cfg.lr, betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay)
-        self.engine.load_weights(self.model)
+        self.sync_compute()
+        self.engine.load_weights(self.master)
+
+    # ------------------------------------------------------------------ mixed precision
+    def sync_compute(self) -> None:
+        """Round the fp32 master weights into the bf16 compute copy (after every optimizer step,
+        rollback and checkpoint load); nothing to do when the trainer computes in fp32."""
+        with torch.no_grad():
+            for compute, master in self.pairs:
+                compute.copy_(master)
+
+    def take_grads(self) -> None:
+        """Add the compute copy's gradients (bf16, as its backward made them) to the master's, in
+        fp32: micro-batches accumulate there, as FSDP's fp32 ``reduce_dtype`` does."""
+        for compute, master in self.pairs:
+            if compute.grad is not None:
+                g = compute.grad.to(torch.float32)
+                master.grad = g if master.grad is None else master.grad.add_(g)
+                compute.grad = None
+
+
+def compute_pairs(model: torch.nn.Module, master: torch.nn.Module) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+    """(compute, master) parameters matched by name; none when they are one model (fp32 trainer)."""
+    if model is master:
+        return []
+    masters = dict(master.named_parameters())
+    pairs = [(p, masters[name]) for name, p in model.named_parameters()]
+    if len(pairs) != len(masters):
+        raise RuntimeError(f"the compute copy has {len(pairs)} parameters and the master {len(masters)}: "
+                           f"they must be the same architecture")
+    return pairs
 
 
 def resolve_model(c: TrainConfig) -> Path:
@@ -368,6 +444,37 @@ def pack(rollouts, device: torch.device | str = "cpu") -> Batch:
     if getattr(rollouts[0], "routed_experts", None) is not None:
         routed = [torch.cat([r.prompt_routed_experts, r.routed_experts]) for r in rollouts]
     return Batch(seqs, mask.to(device), logp.to(device), routed, [len(r.prompt_ids) for r in rollouts])
+
+
+POLICY_AGG = {"gspo": "seq-mean-token-mean"}
+"""Losses that aggregate otherwise than ``TrainConfig.agg`` says (``policy_loss``); ``espo`` averages
+over its own entropy groups and is not split in micro-batches (``TrainConfig.micro_batch_size``)."""
+
+
+def gap_metrics(c: TrainConfig, logp_old: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor
+                ) -> dict[str, float]:
+    """The mismatch quantities every arm logs whatever its correction, so arms compare on one
+    scale (Ring-1T Fig. 11): ``icepop_band_out``, the share of tokens whose ratio pi_old / pi_infer
+    lies outside IcePop's band [``icepop_alpha``, ``icepop_beta``] (what IcePop would mask), and
+    ``abs_dprob_mean``, the mean |p_train - p_infer| of the sampled tokens (the max is
+    ``abs_dprob_max``, ``corrections.mismatch_metrics``)."""
+    m = mask.bool()
+    n = max(int(m.sum()), 1)
+    log_rho = (logp_old.detach() - logp_infer.detach()).double()
+    rho = log_rho.exp()
+    outside = m & ((rho < c.icepop_alpha) | (rho > c.icepop_beta))
+    dprob = (logp_old.detach().double().exp() - logp_infer.detach().double().exp()).abs()
+    return {"icepop_band_out": int(outside.sum()) / n, "abs_dprob_mean": float(dprob[m].sum()) / n}
+
+
+def micro_share(agg: str, part_mask: torch.Tensor, whole_mask: torch.Tensor) -> float:
+    """The weight of a micro-batch's loss (aggregated over ``part_mask``'s rows alone) in its
+    minibatch's (``whole_mask``), so that the weighted sum is the minibatch's loss as one batch:
+    its share of the tokens (``token-mean``) or of the sequences (``seq-mean-*``); 1.0 exactly for
+    the whole minibatch. ``losses.aggregate`` divides by at least 1, and so does this."""
+    if agg == "token-mean":
+        return float(part_mask.sum().clamp(min=1.0)) / float(whole_mask.sum().clamp(min=1.0))
+    return part_mask.shape[0] / whole_mask.shape[0]
 
 
 def correct(c: TrainConfig, logp_old: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor
