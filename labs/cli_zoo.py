@@ -31,6 +31,10 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from minirl.output_paths import check_parents
+
+    if args.out is not None:
+        check_parents(args.out, "zoo model")  # at once, not after the builder's imports (~10 s)
     from labs import zoo
 
     path = zoo.build(args.name, out=args.out, seed=args.seed, force=args.force)

@@ -65,15 +65,28 @@ def check_output_file(path: str | os.PathLike, what: str) -> Path:
     return p
 
 
+def check_parents(path: str | os.PathLike, what: str) -> None:
+    """Refuse (``OutputPathError``) a ``path`` whose directories can never be created: one of
+    them is a file, or a symlink to nothing (``mkdir`` says only "File exists" of it). Reads
+    only, so a command may check before its slow imports, even where the output already exists."""
+    p = Path(path)
+    parents = (p.parent, *p.parent.parents)
+    blocker = next((d for d in parents if d.exists() and not d.is_dir()), None)
+    if blocker is not None:
+        raise OutputPathError(f"cannot write {what} to {p}: {blocker} is not a directory")
+    dangling = next((d for d in parents if d.is_symlink() and not d.exists()), None)
+    if dangling is not None:
+        raise OutputPathError(f"cannot write {what} to {p}: {dangling} is a symlink to {os.readlink(dangling)}, "
+                              f"which does not exist; create that directory, or give another path")
+
+
 def temp_sibling(path: str | os.PathLike, what: str) -> tuple[int, Path]:
     """``(fd, tmp)``: a new empty file beside ``path`` (its directories created), to be written
     and renamed over ``path``. A failure raises ``OutputPathError`` with the real reason: a
     parent that is a file, or a directory that takes no new files (``/proc``)."""
     p = Path(path)
     parent = p.parent
-    blocker = next((d for d in (parent, *parent.parents) if d.exists() and not d.is_dir()), None)
-    if blocker is not None:
-        raise OutputPathError(f"cannot write {what} to {p}: {blocker} is not a directory")
+    check_parents(p, what)
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -178,6 +178,11 @@ def _validate(ds: xr.Dataset, path: Path) -> None:
             json.loads(ds.attrs[key])
         except (TypeError, json.JSONDecodeError) as e:
             raise CaptureFileError(f"{path}: attr {key!r} is not valid JSON ({e})") from e
+    for key, allowed, meaning in (("complete", (0, 1, "0", "1"), "0 or 1 (1 once the capture finished)"),
+                                  ("mode", ("stats", "tensor"), "'stats' or 'tensor' (how it was captured)")):
+        if ds.attrs[key] not in allowed:
+            raise CaptureFileError(f"cannot read capture {path}: attr {key!r} is {ds.attrs[key]!r}; it must be "
+                                   f"{meaning}")
 
 
 def _version_mismatch(written: dict) -> dict[str, list]:

@@ -108,7 +108,7 @@ def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
     _refuse_nonfinite(flat, f"{path / 'optimizer.safetensors'} cannot be resumed: tensor")
     weights.update({alias: weights[name] for alias, name in tied.items() if name in weights})
     _read(path / "model.safetensors", lambda f: model.load_state_dict(weights))
-    groups = _read(path / "optimizer.json", _param_groups)
+    groups = _read(path / "optimizer.json", lambda f: _param_groups(f, optimizer))
 
     def load_optimizer(f: Path) -> None:
         per_param: dict[int, dict] = {}
@@ -180,11 +180,17 @@ def _refuse_nonfinite(tensors: dict[str, torch.Tensor], what: str) -> None:
                                   f"checkpoint with one cannot continue a run")
 
 
-def _param_groups(f: Path) -> list[dict]:
+def _param_groups(f: Path, optimizer: torch.optim.Optimizer) -> list[dict]:
+    """The saved param groups, refused here (naming optimizer.json) unless they are shaped as
+    ``optimizer``'s: a mismatch would otherwise surface as a damaged optimizer.safetensors."""
     groups = json.loads(f.read_text())
     if not (isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list)
                                              for g in groups)):
         raise ValueError("expected a list of optimizer param groups, each with its 'params'")
+    want = [len(g["params"]) for g in optimizer.param_groups]
+    if [len(g["params"]) for g in groups] != want:
+        raise ValueError(f"its param groups hold {[len(g['params']) for g in groups]} parameters, the "
+                         f"optimizer's {want}")
     return groups
 
 

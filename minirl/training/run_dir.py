@@ -436,17 +436,19 @@ def _plan_checkpoint(path: Path, root: int, name: str, manifest: Manifest, remov
 
 
 def _changed(rel: str, st: os.stat_result, manifest: Manifest) -> str | None:
-    """Why ``rel`` is not the file the run left, None when it is (or the run left no stamps)."""
+    """Why ``rel`` is not the file the run left, None when it is (or the run left no stamps). A
+    file with the stamp's size and mtime under another inode is a copy that kept its times
+    (``cp -a``, ``rsync -a``, a copied run directory): still the run's."""
     if not manifest.stamps:
         return None
     stamp = manifest.stamps.get(rel)
     if stamp is None:
         return "appeared after the run ended"
+    if stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == stamp[:2]:
+        return None
     if not stat.S_ISREG(st.st_mode) or st.st_ino != stamp[2]:
         return "was replaced since the run ended"
-    if (st.st_size, st.st_mtime_ns) != stamp[:2]:
-        return "changed since the run wrote it"
-    return None
+    return "changed since the run wrote it"
 
 
 def _kind(p: Path) -> str:

@@ -132,8 +132,7 @@ def test_RD06_hand_listed_and_changed_files_are_not_removed(tmp_path):
     assert _tree(out) == before
 
     (out / "curves.new").write_text("the run's curves.png")
-    os.utime(out / "curves.new", ns=(0, manifest["stamps"]["curves.png"][1]))
-    os.replace(out / "curves.new", out / "curves.png")  # same bytes and mtime, another file: replaced
+    os.replace(out / "curves.new", out / "curves.png")  # same bytes, another file, written later: replaced
     with pytest.raises(RunDirError, match=r"curves.png: it was replaced since the run ended"):
         _overwrite(out)
 
@@ -144,6 +143,15 @@ def test_RD06_hand_listed_and_changed_files_are_not_removed(tmp_path):
     assert kept == ["notes.txt", "tensorboard", f"{EVENT} (changed since the run wrote it)"]
     assert (out / EVENT).read_text() == "the run's tensorboard/events.out.tfevents.1700000000.host.1.0 and a line of mine"
     assert not (out / "config.yaml").exists() and not (out / "checkpoint").exists()
+
+
+def test_RD06_copy_of_a_run_that_kept_its_times_is_still_the_runs(tmp_path):
+    """``cp -a`` / ``rsync -a`` / ``shutil.copytree``: other inodes, the stamps' sizes and mtimes."""
+    import shutil
+
+    copy = Path(shutil.copytree(_finished_run(tmp_path / "run"), tmp_path / "copy", symlinks=True))
+    assert _overwrite(copy) == []
+    assert sorted(p.name for p in copy.iterdir()) == [MANIFEST, LOCK]
 
 
 def test_RD12_manifest_that_is_a_symlink_is_refused(tmp_path):
@@ -379,3 +387,53 @@ def test_two_trainers_overlapping_exactly_one_takes_the_lock(tmp_path):
                 p.join(10)
         assert f"is in use by another run (pid {winner}, holding {out}/{LOCK})" in refusal
         assert all(p.exitcode == 0 for p in procs)
+
+
+# ---------------------------------------------------------------------------- round 3, still open
+def test_K09_damaged_optimizer_json_is_named(tmp_path):
+    """``optimizer.json`` replaced by ``[]`` (or groups of another optimizer) is named, not the
+    ``optimizer.safetensors`` whose load it would make fail."""
+    import torch
+
+    from minirl.training import checkpointing
+
+    def linear_and_sgd():
+        model = torch.nn.Linear(2, 2)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    path = checkpointing.save(tmp_path / "checkpoint", *linear_and_sgd(), {"step": 1})
+    for damaged, held in (("[]", "[]"), ('[{"params": [0]}]', "[1]")):
+        (path / "optimizer.json").write_text(damaged)
+        with pytest.raises(checkpointing.CheckpointError,
+                           match=rf"checkpoint file {path}/optimizer.json is damaged .*\(ValueError: its param groups "
+                                 rf"hold {re.escape(held)} parameters, the optimizer's \[2\]\)"):
+            checkpointing.load(path, *linear_and_sgd())
+
+
+def test_Z08_zoo_out_under_a_dangling_symlink_is_refused_naming_it(tmp_path, capsys):
+    from labs import cli
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    t = time.perf_counter()
+    code = cli.main(["zoo", "build", "tiny-qwen3-moe", "--out", str(tmp_path / "dangling" / "zoo_x")])
+    assert code == 2 and time.perf_counter() - t < 5
+    assert (f"cannot write zoo model to {tmp_path}/dangling/zoo_x: {tmp_path}/dangling is a symlink to "
+            f"{tmp_path}/missing, which does not exist; create that directory, or give another path"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_D_e14_capture_attrs_of_the_wrong_kind_are_named(tmp_path, capsys):
+    """``mlab diff`` of a capture whose ``complete`` / ``mode`` hold what no writer writes."""
+    import xarray as xr
+
+    from labs import cli
+
+    attrs = dict(engine="hf", mode="stats", dtype="float32", knobs="{}", versions="{}", model_hash="0", complete=1)
+    for key, value, should in (("complete", [1, 2, 3], "0 or 1 (1 once the capture finished)"),
+                               ("mode", 7, "'stats' or 'tensor' (how it was captured)")):
+        bad = tmp_path / f"{key}.nc"
+        xr.Dataset(attrs={**attrs, key: value}).to_netcdf(bad, engine="h5netcdf")
+        assert cli.main(["diff", str(bad), str(bad)]) == 2
+        shown = repr("[1, 2, 3]") if key == "complete" else "7"
+        assert f"cannot read capture {bad}: attr {key!r} is {shown}; it must be {should}" in capsys.readouterr().err
