@@ -46,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--set {short(item)}: expected KEY=VALUE, e.g. --set lr=1e-4")
         values[key.strip()] = parse_yaml(value, f"--set {short(item)}")
     config = TrainConfig.from_dict(values)
+    if not config.model.strip():  # TrainConfig() needs none (its math is tested without one); a run does
+        raise ValueError(f"{args.config}: model is required, the HF checkpoint directory to train (e.g. the path "
+                         f"`mlab zoo build tiny-qwen3` prints); add model: PATH to the file, or --set model=PATH")
     try:
         result = train(config, resume=args.resume, overwrite=args.overwrite)
     except RuntimeError as e:  # the trainer's own stop (non-finite losses): its message says what to do

@@ -10,11 +10,11 @@ reference; training always regenerates from the seed, so an installed package ne
 from __future__ import annotations
 
 import difflib
-import importlib
 import json
 import os
 from collections.abc import Callable
 
+from minirl.algorithms.registry import import_extension
 from minirl.tasks.arithmetic import Arithmetic
 from minirl.tasks.base import Problem, Task, answer_text, is_correct, splits
 from minirl.tasks.chat_arithmetic import ChatArithmetic
@@ -30,8 +30,25 @@ _REGISTRY["chat_arithmetic"] = ChatArithmetic  # for instruct models: asked in w
 
 def register(name: str, factory: Callable[..., Task]) -> None:
     """Make ``factory(**task_kwargs)`` available as ``TrainConfig.task = name`` (from a module
-    named in ``TrainConfig.setup_modules``, which every mode imports before the config is checked)."""
+    named in ``TrainConfig.setup_modules``, which every mode imports before the config is checked).
+
+    A taken name is refused, as in every registry (``minirl.algorithms.registry``): a setup module
+    must not replace ``arithmetic`` unseen. The same definition registered again (same module and
+    qualified name: its module imported anew, as a reload or a test's fresh import does) replaces
+    its own entry."""
+    if not isinstance(name, str) or not name.strip() or ":" in name:
+        raise ValueError(f"task name {name!r}: give a non-empty name without ':' (a name with ':' is read as an "
+                         f"import path)")
+    old = _REGISTRY.get(name)
+    if old is not None and _origin(old) != _origin(factory):
+        raise ValueError(f"task {name!r} is already registered ({_origin(old)}); register "
+                         f"{_origin(factory)} under another name")
     _REGISTRY[name] = factory
+
+
+def _origin(factory: Callable[..., Task]) -> str:
+    """``module.QualName`` of a factory: what tells a re-import of a definition from another one."""
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', type(factory).__qualname__)}"
 
 
 def names() -> list[str]:
@@ -66,16 +83,24 @@ def uses_tools(name: str) -> bool:
 
 
 def _imported(path: str) -> Callable[..., Task]:
+    """The task class at import path ``module:Class``: importing the module may fail in any way
+    (``import_extension`` names it); what it holds must be a task class (``sample`` and ``verify``),
+    so ``builtins:dict`` is refused as what it is, not blamed on ``task_kwargs``."""
     module, _, attr = path.partition(":")
-    try:
-        found = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"task {path!r}: cannot import it ({type(e).__name__}: {e}); an import-path task is "
-                         f"package.module:TaskClass, importable here (and in every Ray worker: on PYTHONPATH "
-                         f"or installed)") from None
-    if not callable(found):
-        raise ValueError(f"task {path!r}: {attr} is a {type(found).__name__}, not a class or factory")
+    where = f"task {path!r}"
+    found = getattr(import_extension(module, where), attr, _MISSING) if attr else _MISSING
+    if found is _MISSING:
+        raise ValueError(f"{where}: cannot import it (AttributeError: module {module!r} has no {attr!r}); an "
+                         f"import-path task is package.module:TaskClass, importable here (and in every Ray worker: "
+                         f"on PYTHONPATH or installed)")
+    if not (isinstance(found, type) and all(callable(getattr(found, m, None)) for m in ("sample", "verify"))):
+        what = "class" if isinstance(found, type) else type(found).__name__
+        raise ValueError(f"{where}: not a task ({attr} is a {what} without sample and verify); a task is a class with "
+                         f"sample(rng) and verify(problem, completion) (docs/rl.md, \"Adding a task\")")
     return found
+
+
+_MISSING = object()
 
 
 def export(problems: list[Problem], path: str | os.PathLike) -> None:

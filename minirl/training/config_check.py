@@ -29,6 +29,7 @@ import math
 import os
 import random
 import reprlib
+import sys
 import types
 import typing
 from collections.abc import Iterable
@@ -50,7 +51,7 @@ class Range:
     why: str = ""
 
     def contains(self, v: float) -> bool:
-        if self.finite and not math.isfinite(v):
+        if self.finite and isinstance(v, float) and not math.isfinite(v):
             return False
         above = v > self.low if self.low_open else v >= self.low
         below = v < self.high if self.high_open else v <= self.high
@@ -69,6 +70,8 @@ class Range:
 
 def _bound(x: float) -> str:
     """``1000000``, not ``1e+06``: a bound reads as the number to type."""
+    if isinstance(x, int):
+        return str(x)
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
@@ -85,9 +88,10 @@ def one_of(default: str, valid: Iterable[str]) -> Any:
     return dataclasses.field(default=default, metadata={"one_of": valid})
 
 
-def non_empty(default: str, why: str, what: str) -> Any:
-    """A string field that must not be blank, why, and ``what`` to set it to instead."""
-    return dataclasses.field(default=default, metadata={"non_empty": (why, what)})
+def non_empty(default: str, why: str, what: str, separator: str | None = None) -> Any:
+    """A string field that must not be blank, why, and ``what`` to set it to instead; with
+    ``separator``, a list in one string (``'a,b'``), blank when no item is (``',,,'``)."""
+    return dataclasses.field(default=default, metadata={"non_empty": (why, what), "separator": separator})
 
 
 def check(config: object) -> None:
@@ -102,7 +106,8 @@ def check(config: object) -> None:
         if "one_of" in f.metadata and value not in f.metadata["one_of"]:
             valid = ", ".join(f.metadata["one_of"])
             raise ValueError(f"{f.name}={short(value)}; valid: {valid}; set {f.name} to one of them")
-        if "non_empty" in f.metadata and not str(value).strip():
+        if "non_empty" in f.metadata and not any(
+                item.strip() for item in str(value).split(f.metadata["separator"] or None)):
             why, what = f.metadata["non_empty"]
             raise ValueError(f"{f.name}={value!r}: must not be empty ({why}); set {f.name} to {what}")
     if hasattr(config, "task") and hasattr(config, "task_kwargs"):
@@ -143,19 +148,36 @@ def describe(tp: object) -> str:
 def check_task(task: str, task_kwargs: dict) -> None:
     """Build the task with ``task_kwargs`` and sample one problem: the task's own check of its
     options, so ``digits: -1`` fails here naming ``task_kwargs`` rather than inside ``random``."""
-    from minirl.tasks import get as get_task
+    from minirl.tasks import factory
 
+    make = factory(task)
+    _check_task_options(make, task_kwargs)
     try:
-        built = get_task(task, **task_kwargs)
+        built = make(**task_kwargs)
     except TypeError as e:
         raise ValueError(f"task_kwargs={short(task_kwargs)}: task {task!r} does not take these options ({e}); fix "
                          f"task_kwargs to the options of task {task!r} (each task's class in minirl.tasks lists "
                          f"them)") from None
+    if not all(callable(getattr(built, m, None)) for m in ("sample", "verify")):
+        raise ValueError(f"task {task!r} built a {type(built).__name__}, not a task (no sample and verify); a task "
+                         f"has sample(rng) and verify(problem, completion) (docs/rl.md, \"Adding a task\")")
     try:
         built.sample(random.Random(0))
     except Exception as e:  # noqa: BLE001 - whatever the task raises, the options are the cause
         raise ValueError(f"task_kwargs={short(task_kwargs)} do not make a valid {task!r} task: sampling a problem "
                          f"fails with {type(e).__name__}: {e}; fix task_kwargs") from None
+
+
+def _check_task_options(make: object, task_kwargs: dict) -> None:
+    """Each option the task's signature annotates as a plain type (bool, int, float, str), checked
+    as a config field is: ``digits: true`` is not a whole number, though Python would take it as 1."""
+    try:
+        hints = typing.get_type_hints(make.__init__ if isinstance(make, type) else make)
+    except Exception:  # noqa: BLE001 - annotations that do not resolve leave the options to the task
+        return
+    for key, value in task_kwargs.items():
+        if hints.get(key) in (bool, int, float, str):
+            conform(f"task_kwargs.{key}", value, hints[key])
 
 
 @functools.lru_cache(maxsize=None)
@@ -221,6 +243,8 @@ def _conform(value: object, tp: object) -> object:
 def _number(value: object) -> float:
     if isinstance(value, bool):
         raise _Mismatch
+    if isinstance(value, int) and abs(value) > _FLOAT_MAX:  # as YAML reads 1e400: inf, which ranges refuse
+        return math.inf if value > 0 else -math.inf
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):  # YAML 1.1 leaves 1e-3 (no dot) a string
@@ -231,10 +255,17 @@ def _number(value: object) -> float:
     raise _Mismatch
 
 
+INT64 = 2**63 - 1
+"""The largest whole number a field may hold: the run's logs and checkpoints store them as int64."""
+_FLOAT_MAX = sys.float_info.max
+
+
 def _check_range(name: str, value: object, valid: Range) -> None:
     many = isinstance(value, (tuple, list))
     for v in value if many else (value,):
-        if isinstance(v, (int, float)) and (math.isnan(v) or not valid.contains(v)):
+        if isinstance(v, int) and not isinstance(v, bool) and not -INT64 - 1 <= v <= INT64:
+            valid = dataclasses.replace(valid, low=max(valid.low, -INT64 - 1), high=min(valid.high, INT64))
+        if isinstance(v, (int, float)) and ((isinstance(v, float) and math.isnan(v)) or not valid.contains(v)):
             rule = valid.describe()
             why = f" ({valid.why})" if valid.why else ""
             if not rule:

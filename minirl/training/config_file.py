@@ -8,6 +8,11 @@ RecursionError, ``--config /dev/zero`` read until memory ran out, and a key give
 file written by hand, so this reader refuses what no config needs: anchors and aliases (``&``,
 ``*``), duplicate keys, nesting deeper than ``MAX_DEPTH``, more than ``MAX_BYTES``, and anything
 that is not a regular file. Every refusal names the file (and the line, where there is one).
+
+It also refuses what YAML 1.1 reads as something else than the author meant: a leading-zero
+integer (``seed: 017`` is octal, 15), merge keys (``<<: {steps: 1}`` beside ``steps: 100000``: which
+one wins is a rule of the spec no reader of the file remembers), and a control character (a NUL
+pasted in); and it keeps ``1:`` and ``true:`` apart (Python's ``1 == True`` made them one key).
 """
 
 from __future__ import annotations
@@ -56,7 +61,12 @@ def read_config_file(path: str | os.PathLike) -> dict:
 def parse_yaml(text: str, where: str) -> object:
     """``text`` as YAML data (plain values, lists, mappings), refusing anchors and aliases,
     duplicate keys and deep nesting; ``where`` (a file, ``--set lr=...``) starts every message."""
-    loader = _Loader(text, where)
+    try:
+        loader = _Loader(text, where)
+    except yaml.reader.ReaderError as e:  # the reader checks every character when it is built
+        line = text.count("\n", 0, e.position) + 1
+        raise ValueError(f"{where}: line {line}: a control character ({e.character:#06x}) YAML does not "
+                         f"accept; remove it (a config is plain text)") from None
     try:
         return loader.get_single_data()
     except yaml.YAMLError as e:
@@ -72,6 +82,7 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, text: str, where: str) -> None:
         super().__init__(text)
         self.where, self.depth = where, 0
+        self.keys: dict[yaml.Node, object] = {}  # a mapping's value node -> its key (nodes hash by identity)
 
     def compose_node(self, parent, index):
         event = self.peek_event()
@@ -89,15 +100,33 @@ class _Loader(yaml.SafeLoader):
             self.depth -= 1
 
     def construct_mapping(self, node, deep=False):
-        seen: dict[object, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
+        seen: dict[tuple[type, object], int] = {}
+        for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise ValueError(f"{self.where}: line {line}: merge keys (<<) are not accepted in a config (which "
+                                 f"value wins is a YAML rule, not what the file shows); write each key once")
+            key = self.construct_object(key_node, deep=True)
+            self.keys[value_node] = key  # the int constructor names the key of a value it refuses
             try:
-                if key in seen:
+                if (type(key), key) in seen:  # the type too: 1 and true are two keys, though 1 == True
                     raise ValueError(f"{self.where}: line {line}: key {short(key)} is given twice (first on line "
-                                     f"{seen[key]}); keep one")
-                seen[key] = line
+                                     f"{seen[type(key), key]}); keep one")
+                seen[type(key), key] = line
             except TypeError:  # an unhashable key: the base class says so
                 continue
         return super().construct_mapping(node, deep)
+
+    def construct_leading_zero_checked_int(self, node):
+        """YAML 1.1's int, refusing ``017`` (octal there, 15; read as 17 by anyone else)."""
+        digits = str(node.value).lstrip("+-").replace("_", "")
+        if len(digits) > 1 and digits[0] == "0" and digits[1] not in "xXbB":
+            key = self.keys.get(node)
+            key = f"{key}=" if isinstance(key, str) and len(key) <= 60 else "" if key is None else f"{short(key)}="
+            raise ValueError(f"{self.where}: line {node.start_mark.line + 1}: {key}{node.value} has a leading zero, "
+                             f"which YAML reads as octal ({self.construct_yaml_int(node)}); write it without the "
+                             f"zero, or quote it for a string")
+        return self.construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_leading_zero_checked_int)

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 from minirl.algorithms import advantages, corrections, espo, losses  # espo: registers loss: espo
+from minirl.algorithms.registry import import_extension
 from minirl.sandbox.runner import MAX_TIMEOUT_S
 from minirl.training import combinations, config_check, config_file, monitor
 from minirl.training.config_check import non_empty, one_of, ranged
@@ -261,7 +262,7 @@ class TrainConfig:
     by N (step 0 and the final policy included), after the weight sync; per-site error, first
     divergence and routing flips go to ``metrics.nc`` (docs/runs.md). Needs aligntools; 0 = off."""
     monitor_sites: str = non_empty(monitor.DEFAULT_SITES, "the monitor would watch nothing",
-                                   f"glob patterns of sites, e.g. '{monitor.DEFAULT_SITES}' (the default)")
+                                   f"glob patterns of sites, e.g. '{monitor.DEFAULT_SITES}' (the default)", ",")
     """the sites the monitor compares (glob patterns, docs/sites.md); patterns the model lacks are skipped."""
     monitor_tokens: int = ranged(64, 2, 4096, why="the probe is one sequence of this many held-out tokens, "
                                                  "run on both sides at every reading")
@@ -274,6 +275,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         import_setup_modules(self.setup_modules)  # first: they may register the task checked next
         config_check.check(self)  # types from the annotations, what each field declares, task options
+        for table in (corrections.CORRECTIONS, losses.POLICY_LOSSES, advantages.ADVANTAGES):
+            table.check_fields(getattr(self, table.kind), self)  # a setup module's entry may read a typo
         check_engine(self)
         monitor.check(self)
         if self.device not in ("auto", "cpu", "cuda") and not (
@@ -324,17 +327,11 @@ class TrainConfig:
 def import_setup_modules(modules: object) -> None:
     """Import ``setup_modules`` (each may ``minirl.tasks.register`` a task) so that the checks,
     and every mode's workers, see what they define. A value that is not a list of names is left
-    to ``config_check`` to report."""
-    import importlib
-
+    to ``config_check`` to report; whatever an import does is named by ``import_extension``."""
     if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
         return
     for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise ValueError(f"setup_modules: cannot import {name!r} ({e}); put its package on PYTHONPATH (or "
-                             f"install it), or remove it from setup_modules") from None
+        import_extension(name, "setup_modules")
 
 
 def check_engine(config: TrainConfig) -> None:
