@@ -1,0 +1,70 @@
+"""``labs.reproduce --only collapse``: the arms, the verdict rule, the smoothing, the full-size setup."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from labs import collapse_lab, reproduce
+from minirl.training.plot import smoothed
+from minirl.training.train_config import TrainConfig
+
+
+def _curves(**arms: tuple[np.ndarray, np.ndarray]) -> xr.Dataset:
+    """[arm, seed, step] curves of one seed from (reward, grad_norm_max) per arm."""
+    steps = len(next(iter(arms.values()))[0])
+    data = {}
+    for var, i in (("reward", 0), ("grad_norm_max", 1)):
+        data[var] = (("arm", "seed", "step"), np.stack([[a[i]] for a in arms.values()]))
+    data["abs_dprob_max"] = (("arm", "seed", "step"), np.full((len(arms), 1, steps), 0.1))
+    return xr.Dataset(data, coords={"arm": list(arms), "seed": [0], "step": np.arange(steps)})
+
+
+def test_the_verdict_follows_its_rule():
+    steps = np.arange(200)
+    rising = np.minimum(steps / 100, 1.0) * 0.6  # to 0.6, held
+    falling = np.where(steps < 150, rising, 0.1)  # peak 0.6, last tenth 0.1 < 0.3
+    flat_grad, spiky = np.ones(200), np.where(steps == 190, 50.0, 1.0)
+    table = collapse_lab.verdict(_curves(none=(falling, flat_grad), tis=(rising, spiky), icepop=(rising, flat_grad)))
+    assert table["collapsed"].tolist() == [True, True, False]
+    assert table.loc[("tis", 0), "grad_spike_x_median"] == pytest.approx(50.0)
+    assert table.loc[("none", 0), "reward_last_tenth"] == pytest.approx(0.1)
+    assert "not as Ring-1T's pattern" in collapse_lab.sentence(table)
+    paper = collapse_lab.verdict(_curves(none=(falling, flat_grad), tis=(rising, flat_grad),
+                                         icepop=(rising, flat_grad)))
+    text = collapse_lab.sentence(paper)
+    assert text.startswith("Ring-1T's pattern shows") and "none: collapsed in 1 of 1 seed" in text
+    assert collapse_lab.RULE in text
+
+
+def test_smoothed_is_a_trailing_mean_of_the_finite_values():
+    v = np.array([1.0, np.nan, 3.0, 5.0, np.nan, np.nan, np.nan])
+    np.testing.assert_allclose(smoothed(v, 2), [1.0, 1.0, 3.0, 4.0, 5.0, np.nan, np.nan])
+    np.testing.assert_array_equal(smoothed(v, 1), v)
+    with pytest.raises(ValueError, match="smooth=0"):
+        smoothed(v, 0)
+
+
+def test_full_size_is_the_issues_setup():
+    cfg = TrainConfig.from_yaml(collapse_lab.CONFIG)
+    assert cfg.trainer_dtype == "bfloat16" and "weights=int4" in cfg.engine and cfg.steps >= 200
+    assert cfg.monitor_every == 20 and cfg.max_new_tokens >= 32
+    assert len(collapse_lab.SEEDS["none"]) >= 2 and len(collapse_lab.SEEDS["icepop"]) >= 2
+
+
+def test_collapse_entry_runs_small(tmp_path):
+    assert reproduce.main(["--small", "--only", "collapse", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "collapse" / "summary.json").read_text())
+    assert "Rule: collapsed:" in summary["ours"] and (tmp_path / "collapse" / "collapse.png").stat().st_size > 0
+    for arm in collapse_lab.ARMS:
+        assert summary["numbers"][f"collapsed {arm} seed0"] in (0.0, 1.0)
+        assert summary["numbers"][f"steps {arm} seed0"] == collapse_lab.SMALL["steps"]
+    ds = xr.open_dataset(tmp_path / "collapse" / "collapse.nc")
+    assert list(ds["arm"].values) == list(collapse_lab.ARMS)
+    for var in ("grad_norm_max", "icepop_band_out", "abs_dprob_mean", "abs_dprob_max"):
+        assert np.isfinite(ds[var].values).all(), var  # every arm logs them, whatever its correction
+    assert pd.Series(ds["frac_masked"].sel(arm="none").values.ravel()).eq(0).all()
