@@ -12,7 +12,8 @@ unexport PYTHONDONTWRITEBYTECODE
 # torch 2.13.0+cpu: from a local wheel folder when pip is configured with one (find-links),
 # else from PyTorch's CPU wheel index (a plain `pip install torch` would pull a CUDA build).
 TORCH_INDEX := https://download.pytorch.org/whl/cpu
-# vLLM's CPU build (requirements-vllm.txt) is part of the default environment on Linux x86-64.
+# vLLM's CPU build (requirements-vllm.txt) and SGLang (requirements-sglang.txt, docs/sglang.md) are
+# part of the default environment on Linux x86-64.
 WITH_VLLM := $(shell [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ] && echo 1)
 
 .PHONY: venv debs demo test test-all lab bench reproduce notebooks clean gpu-check gpu-wheels
@@ -35,10 +36,10 @@ debs:
 # at a time). No .pyc are compiled up front (that was half of the build): imports write the .pyc of
 # the modules a run really uses, which is why PYTHONDONTWRITEBYTECODE is unexported at the top.
 # Measured in docs/measurements/2026-11-27-make-test.md: about 3 min -> about 1 min.
-$(STAMP): requirements.txt requirements-vllm.txt pyproject.toml
+$(STAMP): requirements.txt requirements-vllm.txt requirements-sglang.txt pyproject.toml
 	python3 -m venv .venv
 	{ $(PIP) "torch==2.13.0+cpu" || $(PIP) --index-url $(TORCH_INDEX) "torch==2.13.0+cpu"; } & \
-	grep -hv '^#' requirements.txt $(if $(WITH_VLLM),requirements-vllm.txt) | grep . | \
+	grep -hv '^#' requirements.txt $(if $(WITH_VLLM),requirements-vllm.txt requirements-sglang.txt) | grep . | \
 		xargs -P 2 -n 100 $(PIP); \
 	rc=$$?; wait $$! && [ $$rc = 0 ]
 	$(PIP) --no-build-isolation -e .

@@ -97,14 +97,19 @@ class MismatchMonitor:
 
 def capture_target(engine: object) -> object:
     """What the Tracker captures of a rollout engine: a minirl ``Engine`` itself, the vLLM ``LLM``
-    inside minirl's vLLM rollouts (``minirl.vllm.rollouts.VllmRollouts.llm``)."""
+    inside minirl's vLLM rollouts (``minirl.vllm.rollouts.VllmRollouts.llm``), the SGLang runner
+    inside minirl's SGLang rollouts (``minirl.sglang.rollouts.SglangRollouts.runner``)."""
     if hasattr(engine, "add_tap") and hasattr(engine, "score"):
         return engine
     llm = getattr(engine, "llm", None)
     if type(llm).__module__.split(".")[0] == "vllm":
         return llm
+    runner = getattr(engine, "runner", None)
+    if type(getattr(runner, "model_runner", None)).__module__.split(".")[0] == "sglang":
+        return runner
     raise TypeError(f"the mismatch monitor cannot capture a {type(engine).__qualname__} rollout engine: it captures "
-                    f"minirl's Engine and vLLM rollouts (engine: minirl... or vllm...); set monitor_every: 0")
+                    f"minirl's Engine, vLLM and SGLang rollouts (engine: minirl..., vllm... or sglang...); "
+                    f"set monitor_every: 0")
 
 
 def routing_flips(a: xr.Dataset, b: xr.Dataset, idx_a: np.ndarray | None = None,

@@ -283,6 +283,24 @@ def _vllm_unavailable() -> str | None:
     return unavailable_reason()
 
 
+def _sglang(spec: EngineSpec, path: str | os.PathLike, device: str | torch.device) -> object:
+    from minirl.sglang.runner import create_runner  # imports SGLang: only when asked for
+
+    return create_runner(path, spec.dtype, **spec.options)
+
+
+def _sglang_rollouts(runner: object) -> RolloutEngine:
+    from minirl.sglang.rollouts import SglangRollouts
+
+    return SglangRollouts(runner)
+
+
+def _sglang_unavailable() -> str | None:
+    from minirl.sglang.runner import unavailable_reason
+
+    return unavailable_reason()
+
+
 KINDS: dict[str, EngineKind] = {
     "hf": EngineKind(
         dtypes=("float32", "bfloat16", "float16", "float64"), default_dtype="float32",  # the training engine
@@ -296,8 +314,13 @@ KINDS: dict[str, EngineKind] = {
         dtypes=("float32", "bfloat16", "float16"), default_dtype="bfloat16",  # no float64 kernels on CPU; a server's dtype
         options=Options("vllm", {"max_model_len": int, "max_num_seqs": int, "prefix_caching": bool, "seed": int}),
         build=_vllm, rollouts=_vllm_rollouts, settings=_vllm_settings, unavailable=_vllm_unavailable),
+    "sglang": EngineKind(
+        dtypes=("float32", "bfloat16", "float16"), default_dtype="bfloat16",  # SGLang's CPU path (docs/sglang.md)
+        options=Options("sglang", {"max_total_tokens": int}), build=_sglang, rollouts=_sglang_rollouts,
+        settings=lambda runner: runner.settings(), unavailable=_sglang_unavailable),
 }
 """Every engine kind. hf: transformers (``attn`` / ``experts``: ``attn_implementation`` /
 ``experts_implementation``, a trainer's choice that changes its numerics; unset = what
 ``from_pretrained`` picks). minirl: ``minirl.engine.Engine``, its options the ``Knobs``. vllm:
-in-process eager vLLM (CPU build), the ``LLM`` settings a spec may change."""
+in-process eager vLLM (CPU build), the ``LLM`` settings a spec may change. sglang: an in-process
+SGLang ``ModelRunner`` (``minirl.sglang.runner``), ``max_total_tokens`` its KV pool."""

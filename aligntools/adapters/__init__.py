@@ -16,7 +16,7 @@ from aligntools.adapters.base import Adapter
 
 def adapter_for(target: object) -> Adapter:
     """The adapter for a transformers model, a minirl Engine, an nnsight model, a vLLM
-    ``LLM``, an SGLang model runner, an ``Adapter`` instance (used as is) or any ``nn.Module``
+    ``LLM``, an SGLang model runner (or minirl's ``SglangRunner`` around one), an ``Adapter`` instance (used as is) or any ``nn.Module``
     (raw module paths, with a warning)."""
     if isinstance(target, Adapter):  # a custom engine brings its own adapter
         return target
@@ -31,7 +31,7 @@ def adapter_for(target: object) -> Adapter:
         from aligntools.adapters.vllm import VllmAdapter
 
         return VllmAdapter(target)
-    if kind == "sglang":
+    if kind == "sglang" or type(getattr(target, "model_runner", None)).__module__.split(".")[0] == "sglang":
         from aligntools.adapters.sglang import SglangAdapter
 
         return SglangAdapter(target)

@@ -80,9 +80,10 @@ def check(config: object) -> None:
                          f"aligntools, which is not importable here); install aligntools (pip install -e . in the "
                          f"mlab checkout), or set monitor_every: 0")
     kind = str(config.engine).strip().split(",")[0].partition(":")[0].strip()
-    if kind not in ("minirl", "vllm"):
+    if kind not in ("minirl", "vllm", "sglang"):
         raise ValueError(f"monitor_every={config.monitor_every} with engine: {kind}: the monitor captures minirl's "
-                         f"engine and vLLM, not a plugin's; use engine: minirl... or vllm..., or set monitor_every: 0")
+                         f"engine, vLLM and SGLang, not a plugin's; use engine: minirl..., vllm... or sglang..., "
+                         f"or set monitor_every: 0")
     if config.n_eval < 1:
         raise ValueError(f"monitor_every={config.monitor_every} with n_eval=0: the monitor's probe is held-out "
                          f"problems, never trained on; set n_eval >= 1")

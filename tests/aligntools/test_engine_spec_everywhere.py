@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from minirl.sglang import runner as sglang_engine
 from minirl.vllm import llm as vllm_engine
 from aligntools.gates import inputs as gate_inputs
 from minirl import Engine, EngineSpec, Knobs, TrainConfig, build_engine
@@ -53,7 +54,7 @@ class Built(BaseException):
 
 @pytest.fixture
 def stubs(monkeypatch):
-    """Stub every engine constructor; vLLM counts as available."""
+    """Stub every engine constructor; vLLM and SGLang count as available."""
     import transformers
 
     def hf(path, dtype, **kwargs):
@@ -66,10 +67,15 @@ def stubs(monkeypatch):
     def vllm(path, dtype=None, **options):
         raise Built(("vllm", dtype, options))
 
+    def sglang(path, dtype=None, **options):
+        raise Built(("sglang", dtype, options))
+
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", hf)
     monkeypatch.setattr(Engine, "from_pretrained", classmethod(minirl))
     monkeypatch.setattr(vllm_engine, "create_llm", vllm)
     monkeypatch.setattr(vllm_engine, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(sglang_engine, "create_runner", sglang)
+    monkeypatch.setattr(sglang_engine, "unavailable_reason", lambda: None)
 
 
 def built(fn) -> tuple:
@@ -186,6 +192,6 @@ def test_the_gate_and_the_cli_raise_one_usage_error_class():
     from aligntools.gates import GateUsageError
 
     assert UsageError is GateUsageError
-    with pytest.raises(UsageError, match="unknown engine 'sglang'"):
-        gate_inputs.parse_infer("sglang", None)
+    with pytest.raises(UsageError, match="unknown engine 'tgi'"):
+        gate_inputs.parse_infer("tgi", None)
 
