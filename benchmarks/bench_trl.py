@@ -4,6 +4,7 @@
     MLAB_ZOO_DIR=.zoo .venv/bin/python benchmarks/bench_trl.py [--steps 10] [--threads N]
         [--task longtail_sorting --max-new-tokens 32]   # longer completions: generation matters
         [--model smollm2-135m --engines bf16,trl --memory-repeats 1]   # the real model, fewer blocks
+        [--model smollm2-135m --engines bf16,bf16t,trl16]   # fp32 vs bf16 trainer vs TRL bf16=True
 
 Why: minirl claims to be a *fast* small RL engine; the honest check is a mainstream trainer doing
 the same work in the same run on the same box. Both get the SFT-warmed zoo Qwen3-MoE, the same
@@ -12,8 +13,10 @@ tokenises, ``bos + prompt`` or the chat template's text), minirl's verifier as r
 x 8 samples, <= 8 new tokens (options). ``--model smollm2-135m`` (the real instruct model) runs
 the issue's step instead: ``chat_arithmetic`` (2-digit ± 1-digit) in its chat template, no SFT warm-up,
 <= 32 new tokens, lr 2e-5;
-temperature 1, lr 1e-3 (tiny model), no KL, no MoE aux loss, fp32 training, 2 AdamW steps per RL step (minirl
-``minibatches=2``; TRL 32 completions per optimizer step, ``steps_per_generation=2``).
+temperature 1, lr 1e-3 (tiny model), no KL, no MoE aux loss, 2 AdamW steps per RL step (minirl
+``minibatches=2``; TRL 32 completions per optimizer step, ``steps_per_generation=2``). Training is fp32
+except in the bf16 rows: minirl's ``trainer_dtype: bfloat16`` (a bf16 compute copy over fp32 masters,
+docs/rl.md) and TRL's ``bf16=True`` (autocast over fp32 weights).
 
 How: one run does blocks of ``--steps`` RL steps per engine in the order ABC CBA (minirl bf16
 rollout, minirl fp32 rollout, TRL), dropping each block's first step (warm-up), so drift and bursts
@@ -54,12 +57,17 @@ from minirl.training.trainer import Trainer, resolve_model  # noqa: E402
 
 VARIANTS = {"minirl (bfloat16)": dict(engine_dtype="bfloat16"), "minirl (float32)": dict(engine_dtype="float32"),
             "minirl (fast)": dict(engine="minirl:typical,share_prefill=true", engine_dtype="float32",
-                                  shared_prefix=True)}
-"""minirl's rows: engine dtype, and ``fast`` = fp32 rollouts with each prompt prefilled once per
-group plus the trainer's shared-prefix packing (docs/measurements/2026-11-26-real-model-step.md)."""
+                                  shared_prefix=True),
+            "minirl bf16 trainer": dict(engine_dtype="bfloat16", trainer_dtype="bfloat16")}
+"""minirl's rows: engine dtype, ``fast`` = fp32 rollouts with each prompt prefilled once per group
+plus the trainer's shared-prefix packing (docs/measurements/2026-11-26-real-model-step.md), and
+``bf16t`` = ``bf16`` with the bf16 mixed-precision trainer (the others train in fp32)."""
 TRL = "TRL GRPOTrainer"
-ENGINES = (*VARIANTS, TRL)
-SHORT = dict(zip(("bf16", "fp32", "fast", "trl"), ENGINES))
+TRL_BF16 = "TRL bf16=True"
+TRLS = {TRL: False, TRL_BF16: True}
+"""TRL's rows -> its ``bf16`` flag."""
+ENGINES = (*VARIANTS, *TRLS)
+SHORT = dict(zip(("bf16", "fp32", "fast", "bf16t", "trl", "trl16"), ENGINES))
 """``--engines`` names."""
 PHASES = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
 REAL_LR = 2e-5
@@ -79,7 +87,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--model", default="tiny-qwen3-moe", help="zoo name (smollm2-135m: the issue's real step)")
     parser.add_argument("--engines", default="bf16,fp32,trl",
-                        help="comma list of bf16, fp32, fast, trl (trl and at least one of the others)")
+                        help="comma list of bf16, fp32, fast, bf16t (minirl), trl, trl16 (TRL fp32 / "
+                             "bf16=True); at least two")
     parser.add_argument("--memory-repeats", type=int, default=3,
                         help="fresh processes per peak-memory median (0: skip it)")
     parser.add_argument("--peak-memory", choices=("minirl", "trl"), help=argparse.SUPPRESS)  # child process
@@ -90,9 +99,9 @@ def main() -> None:
     if args.model == "smollm2-135m":
         SETTINGS.update(REAL, lr=REAL_LR)
     engines = tuple(SHORT.get(e.strip(), e.strip()) for e in args.engines.split(","))
-    if not set(engines) <= set(ENGINES) or TRL not in engines or len(set(engines)) < 2:
-        parser.error(f"--engines {args.engines!r}: a comma list of {', '.join(SHORT)}: trl and at least one of "
-                     f"bf16, fp32, fast")
+    if not set(engines) <= set(ENGINES) or len(set(engines)) < 2 or not set(engines) & set(VARIANTS):
+        parser.error(f"--engines {args.engines!r}: a comma list of {', '.join(SHORT)}: at least two, one of them "
+                     f"minirl's")
     if args.threads:
         torch.set_num_threads(args.threads)
     base = zoo.build(args.model)
@@ -111,30 +120,32 @@ def main() -> None:
                  "--task", args.task, "--max-new-tokens", str(args.max_new_tokens), "--model", args.model]
         mem = {w: statistics.median(json.loads(subprocess.run([*child, "--peak-memory", w], check=True, text=True,
                                                               capture_output=True).stdout.split()[-1])
-                                    for _ in range(args.memory_repeats)) if args.memory_repeats else float("nan")
-               for w in ("minirl", "trl")}
+                                    for _ in range(args.memory_repeats))
+               for w in ("minirl", "trl") if args.memory_repeats and (w == "minirl" or set(engines) & set(TRLS))}
     print(f"\nRL step = {base.name}, {SETTINGS['task']}, 8 prompts x 8 samples, <= {SETTINGS['max_new_tokens']} "
-          f"new tokens, 2 AdamW steps, "
-          f"fp32 trainer; CPU, "
+          f"new tokens, 2 AdamW steps; CPU {cpu_name()}, "
           f"{torch.get_num_threads()} torch threads, load average {load[0]:.2f} -> {os.getloadavg()[0]:.2f}; "
           f"median of 2 x {args.steps - 1} steps (blocks {'-'.join(e[:9] for e in engines)} and back, first step "
           f"of each dropped)")
-    print(f"TRL completions per generation: {[n for n, _ in counts]}")
+    if counts:
+        print(f"TRL completions per generation: {[n for n, _ in counts]}")
     report(rows, mem, args.memory_repeats)
 
 
 def report(rows: dict[str, list[dict]], mem: dict[str, float], repeats: int = 3) -> None:
-    """The table: medians, TRL's s/step over each row's, minirl's phase split, peak update memory."""
+    """The table: medians, the reference row's s/step over each row's (TRL bf16=True where it ran,
+    else TRL, else the first row), minirl's phase split, peak update memory."""
     med = {name: {k: statistics.median(r[k] for r in rs) for k in ("s_step", "length", *PHASES) if k in rs[0]}
            for name, rs in rows.items()}
-    trl = med[TRL]["s_step"]
-    print(f"{'engine':<18} {'s/step':>7} {'TRL/this':>8} {'tok/compl':>9} {'rollout':>8} {'old_lp':>7} {'update':>7}"
+    ref = next((n for n in (TRL_BF16, TRL) if n in med), next(iter(med)))
+    print(f"{'engine':<20} {'s/step':>7} {'ref/this':>8} {'tok/compl':>9} {'rollout':>8} {'old_lp':>7} {'update':>7}"
           f" {'sync':>6} {'peak update MiB':>16}")
     for name, r in med.items():
         split = " ".join(f"{r[p]:{w}.3f}" for p, w in zip(PHASES, (8, 7, 7, 6))) if PHASES[0] in r else f"{'-':>31}"
-        peak = mem["trl" if name.startswith("TRL") else "minirl"]
-        print(f"{name:<18} {r['s_step']:7.3f} {trl / r['s_step']:7.2f}x {r['length']:9.2f} {split} {peak:16.1f}")
-    print("TRL/this: TRL's s/step over this row's (> 1: faster than TRL). Peak update MiB: peak RSS (VmHWM) growth\n"
+        peak = mem.get("trl" if name in TRLS else "minirl", float("nan"))
+        print(f"{name:<20} {r['s_step']:7.3f} {med[ref]['s_step'] / r['s_step']:7.2f}x {r['length']:9.2f} {split} "
+              f"{peak:16.1f}")
+    print(f"ref/this: {ref}'s s/step over this row's (> 1: faster). Peak update MiB: peak RSS (VmHWM) growth\n"
           "over RSS before one update (old logprobs + 2 AdamW steps) on the same 64 sequences (minirl's step-0\n"
           f"rollouts; TRL replays them via rollout_func), median of {repeats} fresh processes; engine dtype does not "
           f"enter it.")
@@ -157,7 +168,7 @@ def measure(base: Path, steps: int, out: str, engines: tuple[str, ...] = ENGINES
         if name in minirl:
             rows[name] += minirl_block(minirl[name], steps)
         else:
-            block, block_counts = trl_block(resolve_model(cfg), problems, steps, out)
+            block, block_counts = trl_block(resolve_model(cfg), problems, steps, out, TRLS[name])
             rows[name] += block
             counts += block_counts
     return rows, counts, next(iter(minirl.values())).first_batch
@@ -175,9 +186,9 @@ def minirl_block(trainer: Trainer, steps: int) -> list[dict]:
     return rows[1:]
 
 
-def trl_block(model_path: Path, problems: list, steps: int, out: str) -> tuple[list[dict], list]:
+def trl_block(model_path: Path, problems: list, steps: int, out: str, bf16: bool = False) -> tuple[list[dict], list]:
     """``steps`` RL steps of a fresh ``GRPOTrainer`` (optimizer steps 2k and 2k+1 share one
-    generation of 64); the first is dropped."""
+    generation of 64; ``bf16``: its ``bf16=True``); the first is dropped."""
     marks: list[float] = []
 
     class Clock(TrainerCallback):  # global_step is even at an RL step's first begin and at its last end
@@ -187,13 +198,14 @@ def trl_block(model_path: Path, problems: list, steps: int, out: str) -> tuple[l
 
         on_step_end = on_step_begin
 
-    trainer, counts = trl_trainer(model_path, problems, steps, out, [Clock()])
+    trainer, counts = trl_trainer(model_path, problems, steps, out, [Clock()], bf16=bf16)
     trainer.train()
     times = [end - begin for begin, end in zip(marks[0::2], marks[1::2])]
     return [{"s_step": t, "length": n} for t, (_, n) in zip(times, counts)][1:], counts
 
 
-def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callbacks: list, rollout_func=None):
+def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callbacks: list, rollout_func=None,
+                bf16: bool = False):
     """A ``GRPOTrainer`` doing minirl's RL step -> (trainer, per generation (completions, mean
     tokens), filled by the reward function: the check that a step really scores 64)."""
     from datasets import Dataset
@@ -208,7 +220,7 @@ def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callback
         counts.append((len(completions), statistics.mean(map(len, completion_ids))))
         return [float(task.verify(by_prompt[p], c)) for p, c in zip(prompts, completions)]
 
-    args = GRPOConfig(output_dir=out, use_cpu=True, report_to="none", save_strategy="no", bf16=False,
+    args = GRPOConfig(output_dir=out, use_cpu=True, report_to="none", save_strategy="no", bf16=bf16,
                       num_generations=8, max_completion_length=SETTINGS["max_new_tokens"], temperature=1.0, beta=0.0, learning_rate=SETTINGS["lr"],
                       lr_scheduler_type="constant", per_device_train_batch_size=32, gradient_accumulation_steps=1,
                       steps_per_generation=2, max_steps=2 * steps, epsilon=0.2, epsilon_high=0.28,
@@ -220,6 +232,16 @@ def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callback
     trl_ids = trainer._tokenize_prompts(list(by_prompt))[0]  # exactly what TRL generates from
     assert trl_ids == [encode(tok, p.prompt)[0] for p in problems], "TRL and minirl prompt tokens differ"
     return trainer, counts
+
+
+def cpu_name() -> str:
+    """This box's CPU as lscpu names it, with whether it has AMX-BF16 (bf16 matmuls ~9x fp32's here)."""
+    try:
+        info = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("Model name")), "?")
+    return f"{name}, {'AMX-BF16' if 'amx_bf16' in info else 'no AMX-BF16'}"
 
 
 def prompt_text(tok, prompt: str) -> str:
@@ -234,7 +256,10 @@ def minirl_config(base: Path, out: str, **extra) -> TrainConfig:
 
 
 class BatchKeeper(Trainer):
-    """minirl's Trainer, keeping step 0's rollouts: the batch both peak-memory runs update on."""
+    """minirl's Trainer, keeping step 0's rollouts: the batch both peak-memory runs update on;
+    ``step``: the next RL step ``minirl_block`` runs (blocks continue one run)."""
+
+    step = 0
 
     def learn(self, step: int, rollouts: list, rewards: torch.Tensor, group_size: int | None = None
               ) -> dict[str, float]:
