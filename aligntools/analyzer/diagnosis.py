@@ -45,6 +45,8 @@ CAUSES: dict[str, str] = {
     "lm_head_precision": "lm_head GEMM / softmax precision (Knobs.lm_head_dtype)",
     "logprob_computation": "logprob/entropy derivation from logits",
     "nonfinite": "NaN/Inf on one side only",
+    "nonfinite_both": "NaN/Inf on both sides: the same blow-up in both engines (a NaN/Inf weight, an overflow "
+                      "both compute), never agreement",
     "unexplained": "error jumps at a site no rule covers: re-run its op under another implementation "
                    "(aligntools.replay) or capture the modules inside it",
 }
@@ -177,9 +179,13 @@ def _nonfinite_findings(table: pd.DataFrame) -> list[Finding]:
     if "nonfinite_mismatch" not in table:
         return []
     bad = table[table["nonfinite_mismatch"].fillna(0) > 0]
+    both = table[(table["nonfinite_mismatch"].fillna(0) == 0)
+                 & (table["nonfinite_a"].fillna(0) + table["nonfinite_b"].fillna(0) > 0)]
     return [Finding("nonfinite", site, f"{int(r['nonfinite_mismatch'])} elements are NaN/Inf on one "
                     f"side only (a: {int(r['nonfinite_a'])}, b: {int(r['nonfinite_b'])} non-finite)", 0.95)
-            for site, r in bad.iterrows()]
+            for site, r in bad.iterrows()] + [
+        Finding("nonfinite_both", site, f"{int(r['nonfinite_a'])} elements are NaN/Inf in a and "
+                f"{int(r['nonfinite_b'])} in b, at the same places", 0.95) for site, r in both.iterrows()]
 
 
 def diagnose(g: pd.DataFrame, table: pd.DataFrame, routing: pd.DataFrame,
@@ -196,7 +202,7 @@ def diagnose(g: pd.DataFrame, table: pd.DataFrame, routing: pd.DataFrame,
     raw: list[Finding] = _nonfinite_findings(table) + _routing_findings(routing)
     for site in g.index[g["jumps"]]:
         s = S.parse(site)
-        if site in {f.site for f in raw if f.cause == "nonfinite"}:
+        if site in {f.site for f in raw if f.cause in ("nonfinite", "nonfinite_both")}:
             continue
         flip = _flip_finding(site, g, per_token) if s.kind in ("topk_weights", "mlp_out") \
             and s.layer in flipped_layers else None

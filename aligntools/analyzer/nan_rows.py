@@ -28,10 +28,13 @@ LOGITS_MASKS = (EMITTED + "logits", EMITTED + "entropy")
 
 
 def gated_error(site: str, summary: dict) -> float:
-    """rel_l2, or inf when values are non-finite on one side only. At every other site a row
-    that is NaN on one side only is a NaN blow-up, not a missing row: it must fail."""
+    """rel_l2, or inf when values are non-finite: on one side only, or on both (a NaN weight
+    both engines read gives NaN at the same elements, which the metrics leave out: it would
+    read as agreement). At every other site a row that is NaN on one side only is a NaN
+    blow-up, not a missing row: it must fail."""
     one_sided = summary.get("missing_a", 0) + summary.get("missing_b", 0)
-    if summary.get("nonfinite_mismatch", 0) > 0 or (one_sided > 0 and S.parse(site).kind not in SPARSE_SITES):
+    blown = summary.get("nonfinite_mismatch", 0) + summary.get("nonfinite_a", 0) + summary.get("nonfinite_b", 0)
+    if blown > 0 or (one_sided > 0 and S.parse(site).kind not in SPARSE_SITES):
         return np.inf
     if summary.get("nan_rows", 0) > 0 or (one_sided > 0 and summary.get("n_tokens", 1) == 0):
         return np.inf  # NaN rows the engine did emit, or no row left to compare at all

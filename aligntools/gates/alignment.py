@@ -278,15 +278,19 @@ def _verdict(cmp, floor, floors: dict[str, float], setup: dict, dtype: str) -> G
         reasons.append(f"{len(skipped)} sites not compared: " + "; ".join(f"{s} ({why})" for s, why in skipped.items()))
     failed = [s for s in table.index[~table["passes"]] if s not in skipped]
     if failed:
-        worst = _worst(table.loc[failed])
+        blown = [s for s in failed if np.isinf(cmp.growth["error"].get(s, 0.0))]  # NaN/Inf values (nan_rows)
+        worst = blown[0] if blown else _worst(table.loc[failed])  # rel_l2 leaves NaN/Inf out: it may read 0
+        said = "NaN/Inf values" if blown else f"rel. L2 {table.loc[worst, 'rel_l2']:.3g}"
         reasons.append(f"{len(failed)} of {len(table)} sites over their limit (first {failed[0]}; worst {worst}: "
-                       f"rel. L2 {table.loc[worst, 'rel_l2']:.3g} > limit {table.loc[worst, 'limit']:.3g})")
+                       f"{said} > limit {table.loc[worst, 'limit']:.3g})")
     routing = _routing(cmp, floor, dtype)
     for layer, r in routing[~routing["passes"]].iterrows():
         reasons.append(f"L{layer}: {r['set_flip']:.1%} of tokens changed top-k experts (allowed {r['allowed']:.1%})")
     logprob = _logprob(cmp, floor, dtype)
     for stat, r in logprob[~logprob["passes"]].iterrows():
-        reasons.append(f"{stat} |Δ logprob| {r['value']:.3g} > limit {r['limit']:.3g}")
+        reasons.append(f"{stat} |Δ logprob| {r['value']:.3g} > limit {r['limit']:.3g}" if np.isfinite(r["limit"]) else
+                       f"{stat} |Δ logprob| has no limit: the training engine against itself gives "
+                       f"{r['noise_floor']:.3g} (its logits are not finite)")
     return GateResult(passed=not reasons, table=table, routing=routing, logprob=logprob, reasons=reasons,
                       comparison=cmp, setup=setup)
 

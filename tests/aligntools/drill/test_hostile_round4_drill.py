@@ -80,3 +80,16 @@ def test_DR_bad_arguments_are_refused_by_name(llama, monkeypatch, case, kwargs, 
     call = {"site": "L0.attn_out", **kwargs}
     with pytest.raises(UsageError, match=message):
         aligntools.drill(llama, call.pop("site"), **call)
+
+
+def test_DR15_the_gate_fails_a_nan_both_engines_compute(nan_llama):
+    """The alignment gate on the same model: L0.q is NaN at the same 2 x 48 elements in both
+    engines, which rel_l2 leaves out (it reads 0); the site fails as non-finite, is the first
+    divergence and the diagnosis names it, and the verdict does not quote 'rel. L2 0 > limit'."""
+    gate = aligntools.check_alignment(nan_llama, infer="minirl:aligned", tokens=48, progress=False)
+    assert not gate.passed
+    assert not gate.table.loc["L0.q", "passes"] and gate.first_divergence.site == "L0.q"
+    finding = gate.comparison.diagnosis[0]
+    assert (finding.cause, finding.site) == ("nonfinite_both", "L0.q")
+    assert "96 elements are NaN/Inf in a and 96 in b" in finding.evidence
+    assert "worst L0.q: NaN/Inf values > limit" in gate.verdict and "rel. L2 0 >" not in gate.verdict
