@@ -11,8 +11,9 @@ from tests.minirl.sandbox.test_sandbox_boundary import SYSCALLS, unhooked
 WATCH_AND_AIO = unhooked(SYSCALLS + (
     "ctx = ctypes.c_ulong(0)\n"
     "print(call(253), call(294, 0), call(300, 0, 0),\n"  # inotify_init, inotify_init1, fanotify_init
-    "      call(206, 65536, ctypes.byref(ctx)), call(207, 0), call(208, 0, 0, 1, None, None),\n"  # io_setup/destroy/getevents
-    "      call(209, 0, 1, None), call(210, 0, None, None), call(333, 0, 0, 1, None, None, None))\n"  # submit/cancel/pget
+    "      call(206, 65536, ctypes.byref(ctx)), call(207, 0),\n"  # io_setup, io_destroy
+    "      call(208, 0, 0, 1, None, None), call(209, 0, 1, None),\n"  # io_getevents, io_submit
+    "      call(210, 0, None, None), call(333, 0, 0, 1, None, None, None))\n"  # io_cancel, io_pgetevents
     "print(ctx.value)"))
 """Raw syscalls, x86_64 numbers (``seccomp.ARCHES``): each must answer EPERM, and io_setup must
 leave the context unset (no AIO events reserved)."""
