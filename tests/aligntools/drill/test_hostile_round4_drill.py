@@ -56,7 +56,7 @@ def test_DR15_the_clean_model_names_no_non_finite_op(llama):
     assert np.isfinite(result.table["error"].dropna()).all()
 
 
-@pytest.mark.parametrize("case, kwargs, message", [
+BAD_ARGUMENTS = [
     ("DR05", {"site": "L0.router_logits"}, re.escape("L0.router_logits: layer 0 has a dense MLP, no router (a dense "
                                                       "model: the model has no router sites); drill L0.mlp_out")),
     ("DR16", {"threshold": 0}, "threshold=0: the growth factor .* must be a finite number > 1"),
@@ -71,7 +71,11 @@ def test_DR15_the_clean_model_names_no_non_finite_op(llama):
     ("DR19", {"site": None}, "site must be a string such as 'L0.attn_out'; got NoneType"),
     ("DR25", {"tolerance": "tight"}, "tolerance must be a Tolerance"),
     ("DR-layer", {"site": "L9.attn_out"}, r"L9.attn_out: the model has 4 decoder layers \(L0 to L3\)"),
-])
+]
+"""(case id, drill arguments, the message it must raise)."""
+
+
+@pytest.mark.parametrize("case, kwargs, message", BAD_ARGUMENTS, ids=[c[0] for c in BAD_ARGUMENTS])
 def test_DR_bad_arguments_are_refused_by_name(llama, monkeypatch, case, kwargs, message):
     """Every one is refused before a model loads (loading would fail the test)."""
     import aligntools.gates.inputs as inputs
