@@ -230,9 +230,9 @@ def _load(path: Path) -> Manifest | None:
         body = json.loads(raw)
         if not isinstance(body, dict) or not isinstance(body.get("files"), list):
             raise ValueError("expected a JSON object with a list 'files'")
-        files = list(dict.fromkeys(body["files"])) if all(isinstance(f, str) for f in body["files"]) else None
-        if files is None:
+        if not all(isinstance(f, str) for f in body["files"]):
             raise ValueError("every entry of 'files' must be a string")
+        files = list(dict.fromkeys(body["files"]))
         for name in files:
             if (why := _why_not_run_name(name)) is not None:
                 raise ValueError(f"entry {name!r} {why}")
@@ -273,8 +273,8 @@ def _why_not_run_name(name: str) -> str | None:
     if name in _FIXED_NAMES:
         return None
     tail = name[len(EVENTS):] if name.startswith(EVENTS) else ""
-    if tail and "/" not in tail and "\0" not in tail and tail.strip() == tail and len(name) - len("tensorboard/") <= 255:
-        return None  # 255: the longest name a file system takes
+    if tail and "/" not in tail and "\0" not in tail and tail.strip() == tail and len(EVENTS + tail) <= 12 + 255:
+        return None  # 255: the longest file name a file system takes (after "tensorboard/")
     if name.startswith("/") or ".." in name.split("/"):
         return "leads outside out_dir"
     return f"is not a name a run writes ({', '.join(RUN_NAMES)})"
