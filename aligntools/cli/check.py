@@ -1,6 +1,6 @@
 """``mlab check``: the alignment gate from the command line (CI-friendly exit codes).
 
-    mlab check --model PATH --train hf[:DTYPE][,attn=...] --infer minirl[:PRESET][,knob=value...] | vllm[:DTYPE]
+    mlab check --model PATH --train hf[:DTYPE][,attn=...] --infer minirl[:PRESET][,knob=value...] | vllm[:DTYPE] | sglang[:DTYPE]
                [--dtype float32|bfloat16] [--tokens N] [--tolerance FILE] [--report out.html] [--drill]
 
 Exit codes: 0 aligned, 1 misaligned, 2 usage error (bad path, unknown knob, unreadable
@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                  "(default: hf = float32 with transformers' own kernels)")
     p.add_argument("--infer", default="minirl",
                    help="inference engine: minirl[:PRESET][,knob=value...] (presets typical (default), aligned, "
-                        "hf_exact) or vllm[:DTYPE][,option=value...] (real vLLM, in process)")
+                        "hf_exact), vllm[:DTYPE][,option=value...] (real vLLM, in process) or "
+                        "sglang[:DTYPE][,max_total_tokens=N] (real SGLang, in process: docs/sglang.md)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                    help="inference dtype (default: bfloat16 for typical, float32 for aligned and hf_exact)")
     p.add_argument("--tokens", type=int, default=256, help="tokens of built-in text to run (default: 256)")

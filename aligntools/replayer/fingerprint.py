@@ -78,7 +78,8 @@ class Fingerprint:
 def fingerprint(capture, model_path: str | os.PathLike, *, passes: int = 2, progress: bool = False,
                 allow_different_models: bool = False) -> Fingerprint:
     """Search minirl knobs for the setting closest to ``capture`` (a prefill capture of any
-    engine, e.g. ``aligntools.capture(vllm_llm, ids)``) of checkpoint ``model_path``.
+    engine, e.g. ``aligntools.capture(vllm_llm, ids)`` or ``aligntools.capture(sglang_runner, ids)``) of
+    checkpoint ``model_path``.
 
     ``passes``: coordinate-search sweeps (>= 1; the search stops early once a sweep changes
     nothing). Refused before any engine runs: a capture of another model (its ``model_hash``

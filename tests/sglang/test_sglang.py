@@ -113,3 +113,13 @@ def test_r3_is_refused_by_name_for_sglang(zoo, tmp_path):
                       progress=False, engine="sglang:float32", router_replay="r3")
     with pytest.raises(ValueError, match="router_replay='r3'.*SglangRollouts returns none"):
         train(cfg)
+
+
+def test_fingerprint_explains_sglangs_bf16_in_minirl_knobs(zoo, sglang_runner, prompt_ids):
+    cap = aligntools.capture(sglang_runner(MOE, "bfloat16"), prompt_ids, progress=False)
+    fp = aligntools.fingerprint(cap, zoo(MOE), passes=1)
+    print(f"\n{fp!r}")
+    assert 0 < fp.distance < 0.05  # bf16-sized, not a broken capture
+    assert len(fp.explained) and (fp.explained["score_if_reverted"] > fp.score).all()  # each knob found matters
+    assert fp.score <= min(np.log10(fp.table[c].dropna() + 1e-9).mean() for c in ("hf_exact", "typical"))
+    assert fp.gap_start in cap.sites
