@@ -82,9 +82,13 @@ torch.set_num_threads(1)
 from minirl.training.train_config import TrainConfig
 from minirl.training.trainer import Batch, Trainer
 
+class NoEngine:  # the update alone is measured: no rollout engine to build
+    def load_weights(self, model):
+        pass
+
 t = Trainer(TrainConfig(model=sys.argv[1], sft_steps=0, task="arithmetic", n_train=8, n_eval=0, prompts_per_step=1,
                         group_size=8, minibatches=1, correction="none", eval_every=0, out_dir=sys.argv[2],
-                        progress=False))
+                        progress=False), NoEngine())
 g = torch.Generator().manual_seed(0)
 
 def update(rows, micro):
@@ -131,3 +135,12 @@ def test_every_arm_logs_the_band_share_and_the_largest_minibatch_norm(trainer):
     assert none["frac_masked"] == 0.0  # no correction masks nothing, yet the band share is logged
     assert none["grad_norm_max"] >= none["grad_norm"] > 0
     assert 0 < none["abs_dprob_mean"] <= none["abs_dprob_max"]
+
+
+def test_micro_batches_with_espo_and_a_negative_size_are_refused():
+    from minirl.training.train_config import TrainConfig
+
+    with pytest.raises(ValueError, match="micro_batch_size=2 with loss: espo"):
+        TrainConfig(micro_batch_size=2, loss="espo", correction="none")
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        TrainConfig(micro_batch_size=-1)

@@ -134,3 +134,10 @@ def test_bf16_checkpoint_restores_fp32_masters_and_resume_keeps_the_dtype(dense_
     with pytest.raises(ValueError, match="trainer_dtype"):
         resume.changes({"trainer_dtype": "bfloat16"}, {"trainer_dtype": "float32"}, same_model=True)
     assert trainer.cfg.to_dict()["trainer_dtype"] == "bfloat16"  # what config.yaml records
+
+
+def test_a_trainer_dtype_without_a_mixed_precision_recipe_is_refused():
+    from minirl.training.train_config import TrainConfig
+
+    with pytest.raises(ValueError, match="trainer_dtype.*float32.*bfloat16"):
+        TrainConfig(trainer_dtype="float16")
