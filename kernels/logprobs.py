@@ -7,10 +7,12 @@ a few thousand tokens that dominates the RL trainer's memory. The chunked varian
 O(chunk_size * V) instead of O(N * V).
 
 Call contract: ``logprobs(hidden[N, H], weight[V, H], targets[N], *, temperature=1.0,
-chunk_size=None) -> (logprob[N], entropy[N])``. The GEMM runs in the inputs' dtype (a bf16
-GEMM rounds the logits to bf16, like ``nn.Linear`` would); everything after it (scaling by
+chunk_size=None, softcap=None) -> (logprob[N], entropy[N])``. The GEMM runs in the inputs' dtype (a bf16
+GEMM rounds the logits to bf16, like ``nn.Linear`` would); everything after it (the soft-cap
+``tanh(z / softcap) * softcap`` that Gemma 2/3 apply after ``lm_head``, scaling by
 1/temperature, log-softmax, entropy) runs in fp32 — float64 when the inputs are float64, so
-``gradcheck`` can run — and the outputs have that dtype.
+``gradcheck`` can run — and the outputs have that dtype. A model's linear logit scale (Granite's
+``1 / logits_scaling``, Cohere's ``logit_scale``) is a temperature of ``1 / scale``.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from .registry import register
 CHUNK_ELEMENTS = 1 << 23
 
 
-def check(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float) -> None:
+def check(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+          softcap: float | None = None) -> None:
     """Shared argument validation (the Triton wrapper uses it too); skipped under ``trusted()``."""
     if _checks.skipped():
         return
+    if softcap is not None:
+        _checks.positive("softcap", softcap)
     _checks.floating("hidden", hidden)
     _checks.floating("weight", weight)
     _checks.ndim("hidden", hidden, 2, "[N, H]")
@@ -55,9 +60,22 @@ def chunk_rows(n_vocab: int, chunk_size: int | None) -> int:
     return chunk_size
 
 
-def chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``(h @ W.T)`` in the inputs' dtype, then fp32 (float64) and divided by temperature; [c, V]."""
-    return (h @ weight.T).to(_checks.compute_dtype(h.dtype)) / temperature
+def chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float,
+                 softcap: float | None = None) -> torch.Tensor:
+    """``(h @ W.T)`` in the inputs' dtype, then fp32 (float64), soft-capped when ``softcap`` is
+    given and divided by temperature; [c, V]."""
+    return capped_logits(h, weight, temperature, softcap)[0]
+
+
+def capped_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, softcap: float | None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``chunk_logits`` and, with a soft-cap, ``d capped / d raw = 1 - tanh(raw / softcap)²``
+    (the backward's chain rule through the cap); None without one."""
+    z = (h @ weight.T).to(_checks.compute_dtype(h.dtype))
+    if softcap is None:
+        return z / temperature, None
+    t = (z / softcap).tanh()
+    return t * softcap / temperature, 1 - t * t
 
 
 @register("logprobs", "naive")
@@ -68,6 +86,7 @@ def naive(
     *,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``log_softmax(h @ W.T / T)`` over the full ``[N, V]`` logits, autograd through all of it.
 
@@ -75,15 +94,16 @@ def naive(
     non-fused path). Numerically the yardstick for ``chunked``; memory-wise the thing to beat.
     ``chunk_size`` is accepted and ignored so variants are interchangeable.
     """
-    check(hidden, weight, targets, temperature)
-    logp = torch.log_softmax(chunk_logits(hidden, weight, temperature), dim=-1)  # [N, V]
+    check(hidden, weight, targets, temperature, softcap)
+    logp = torch.log_softmax(chunk_logits(hidden, weight, temperature, softcap), dim=-1)  # [N, V]
     token_logp = logp.gather(1, targets[:, None].long()).squeeze(1)  # [N]
     entropy = -(logp.exp() * logp).sum(-1)  # [N]
     return token_logp, entropy
 
 
 def torch_forward(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Chunked forward: ``(logprob[N], entropy[N], logsumexp[N])``, ``rows`` rows at a time."""
     compute = _checks.compute_dtype(hidden.dtype)
@@ -93,7 +113,7 @@ def torch_forward(
     lse = torch.empty_like(token_logp)
     for start in range(0, n, rows):
         sl = slice(start, start + rows)
-        z = chunk_logits(hidden[sl], weight, temperature)  # [c, V]
+        z = chunk_logits(hidden[sl], weight, temperature, softcap)  # [c, V]
         lse[sl] = torch.logsumexp(z, dim=-1)
         logp = z - lse[sl, None]
         token_logp[sl] = logp.gather(1, targets[sl, None].long()).squeeze(1)
@@ -112,10 +132,10 @@ class ChunkedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, rows: int):
-        token_logp, entropy, lse = torch_forward(hidden, weight, targets, temperature, rows)
+    def forward(ctx, hidden, weight, targets, temperature: float, rows: int, softcap: float | None = None):
+        token_logp, entropy, lse = torch_forward(hidden, weight, targets, temperature, rows, softcap)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
-        ctx.temperature, ctx.rows = temperature, rows
+        ctx.temperature, ctx.rows, ctx.softcap = temperature, rows, softcap
         return token_logp, entropy
 
     @staticmethod
@@ -128,16 +148,18 @@ class ChunkedLogprobs(torch.autograd.Function):
         g_ent = torch.zeros_like(lse) if grad_entropy is None else grad_entropy
         for start in range(0, hidden.shape[0], ctx.rows):
             sl = slice(start, start + ctx.rows)
-            logp = chunk_logits(hidden[sl], weight, ctx.temperature) - lse[sl, None]  # [c, V]
+            z, cap_grad = capped_logits(hidden[sl], weight, ctx.temperature, ctx.softcap)
+            logp = z - lse[sl, None]  # [c, V]
             p = logp.exp()
             grad_z = -p * (g_lp[sl, None] + g_ent[sl, None] * (logp + entropy[sl, None]))
             grad_z.scatter_add_(1, targets[sl, None].long(), g_lp[sl, None])
-            grad_z = (grad_z / ctx.temperature).to(hidden.dtype)  # d loss / d (h @ W.T)
+            grad_z = grad_z / ctx.temperature if cap_grad is None else grad_z * cap_grad / ctx.temperature
+            grad_z = grad_z.to(hidden.dtype)  # d loss / d (h @ W.T)
             if need_h:
                 grad_h[sl] = grad_z @ weight
             if need_w:
                 grad_w += (grad_z.T @ hidden[sl]).to(grad_w.dtype)
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
 
 
 @register("logprobs", "chunked")
@@ -148,6 +170,7 @@ def chunked(
     *,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-chunked logprobs/entropy with recompute-in-backward (peak memory O(chunk * V)).
 
@@ -155,9 +178,9 @@ def chunked(
     ``use_fused_kernels``, Megatron vocab-chunked loss) applied to logprob + entropy. Same
     numerics as ``naive`` (same GEMM dtype, fp32 softmax) up to reduction order.
     """
-    check(hidden, weight, targets, temperature)
+    check(hidden, weight, targets, temperature, softcap)
     rows = chunk_rows(weight.shape[0], chunk_size)
-    return ChunkedLogprobs.apply(hidden, weight, targets, temperature, rows)
+    return ChunkedLogprobs.apply(hidden, weight, targets, temperature, rows, softcap)
 
 
 @register("logprobs", "chunked", impl="triton")
@@ -168,6 +191,7 @@ def chunked_triton(
     *,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton kernels computing ``chunked``: a split-vocabulary fused forward (tiled GEMM + online
     log-sum-exp + entropy, merged across programs) and a backward that recomputes logit tiles.
@@ -177,7 +201,11 @@ def chunked_triton(
     accumulates in fp32 and rounds each logit to the input dtype like a cuBLAS GEMM output, so
     it matches ``chunked`` up to accumulation order. ``chunk_size`` sets the rows of the
     backward's logit-gradient buffer (default: 256 MiB of it). Design: kernels/triton_logprobs.py.
+    It has no soft-cap: ``softcap`` is refused (the torch ``chunked`` computes it).
     """
+    if softcap is not None:
+        raise NotImplementedError(f"the Triton logprobs kernel has no logit soft-cap (softcap={softcap}, Gemma 2/3); "
+                                  f"use kernels.get('logprobs', 'chunked', impl='torch'), which applies it")
     check(hidden, weight, targets, temperature)
     if chunk_size is not None:
         chunk_rows(weight.shape[0], chunk_size)  # validates it

@@ -19,7 +19,7 @@ What the sites mean (the same on every engine):
     sandwich block); blocks without one (parallel, post-norm) have no ``resid_mid``/``mlp_norm``.
 
 Public surface: ``Family`` (one entry), ``FAMILIES`` (by ``model_type``), ``family(config)``,
-``embed_scale(config)``, ``LogitsTransform`` / ``logits_transform(config)``. A new family is one
+``embed_scale(config)``, ``LogitsTransform`` / ``logits_transform(config)``, ``expert_count(config)``. A new family is one
 ``Family`` entry here plus its test in tests/families/ (docs/models.md).
 """
 
@@ -130,6 +130,7 @@ FAMILIES: dict[str, Family] = _entries(
     Family("granite", **_GRANITE),
     Family("granitemoe", **_GRANITE),
     Family("cohere", block="parallel", logits_multiply_attr="logit_scale", vllm_layer_returns_sum=True),
+    Family("cohere2", block="parallel", logits_multiply_attr="logit_scale", vllm_layer_returns_sum=True),
     Family("stablelm", vllm_layer_returns_sum=True),
     Family("olmo2", block="post_norm", vllm_transformers_backend=True),
     Family("olmo3", block="post_norm", vllm_transformers_backend=True),
@@ -139,10 +140,25 @@ FAMILIES: dict[str, Family] = _entries(
     Family("arcee", vllm_transformers_backend=True),
     Family("glm", vllm_transformers_backend=True),
     Family("gpt_neox", block="parallel", vllm_transformers_backend=True),
+    Family("bailing_hybrid", vllm_refusal="vLLM 0.32 has no BailingHybridForCausalLM (its Bailing models are "
+                                          "BailingMoe/BailingMoeV2/V2.5)"),
 )
 
 #: What an unknown ``model_type`` is taken to be: a pre-norm block with no scaling anywhere.
 DEFAULT = Family("unknown")
+
+
+#: Config keys that hold a MoE model's routed-expert count (DeepSeek-V3 says ``n_routed_experts``).
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def expert_count(config: object | dict | None) -> int | None:
+    """Routed experts per MoE layer of a config (object or ``config.json`` dict); None: dense."""
+    for key in EXPERT_COUNT_KEYS:
+        value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def family(config: object | None) -> Family:

@@ -14,9 +14,13 @@ serves both (their adapters only add how the token layout and the model are reac
   * ``RMSNorm(x, residual)`` is fused add+norm, returns ``(normed, x + residual)`` and writes
     both into its input buffers *in place*; a decoder layer returns the pair
     ``(delta, residual)`` and the next layer's norm adds them. So ``resid_mid`` is the
-    residual returned by ``post_attention_layernorm``, ``resid_post`` is rebuilt as
+    residual returned by the MLP's pre-norm, ``resid_post`` is rebuilt as
     ``delta + residual`` from the layer's output, and every value is copied when its hook
     fires (the Recorder copies), before the next fused op overwrites the buffer.
+The family's entry (``minirl.families``) says where a model departs from that: its embedding
+scale (applied to ``embed_tokens``' output, so ``embed`` is what the first layer adds to),
+layers that return ``(hidden + residual, residual)`` (Cohere, StableLM: the first output
+already is ``resid_post``) and which norm is the MLP's (``roles``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from torch import nn
 
 import kernels
 from aligntools.adapters.base import Adapter
+from aligntools.adapters.hf import ROPE_SYMBOL, RopeTap, rope_module, unpatch_rope
 from aligntools.adapters.roles import ModelRoles, find_roles
 from aligntools.tracker.provenance import model_hash
 from aligntools.tracker.recorder import DERIVED, Recorder
@@ -57,11 +62,23 @@ def rebuild_residual(layer_output: object) -> torch.Tensor:
     return first(layer_output)
 
 
-def norm_outputs(out: object) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``RMSNorm`` return -> (normed, residual after the fused add or None)."""
+def norm_outputs(out: object, args: tuple = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A norm's return -> (normed, residual stream): the residual after the fused add of
+    ``RMSNorm(x, residual)``, else the norm's own input when ``args`` is given (an unfused
+    norm, e.g. StableLM's ``LayerNorm``, is called on the residual stream itself), else None."""
     if isinstance(out, (tuple, list)):
         return out[0], out[1]
-    return out, None
+    return out, (args[0] if args and len(args) == 1 and isinstance(args[0], torch.Tensor) else None)
+
+
+def scaled_embed(value: torch.Tensor, scale: float | None, attr: str | None) -> torch.Tensor:
+    """The embedding the first layer adds to: the engines' embedding modules return it unscaled
+    and their forward multiplies after. √hidden (Gemma) is rounded to the model dtype first, as
+    vLLM's ``normalizer`` buffer and transformers' ``embed_scale`` are; a config multiplier
+    (Granite) multiplies as a Python float, as both models do."""
+    if scale is None:
+        return value
+    return value * (torch.tensor(scale, dtype=value.dtype) if attr == "sqrt_hidden" else scale)
 
 
 Rows = tuple[torch.Tensor | None, TokenMeta]  # (row indices of a flat tensor or None for all, their meta)
@@ -100,34 +117,52 @@ class HookPlan:
     layer: int | None
 
 
-def hook_plan(model: nn.Module, roles: ModelRoles, top_k: int, renormalize: bool) -> list[HookPlan]:
-    """Which module feeds which sites, for a vLLM/SGLang-style tree (also a debugging map)."""
+def hook_plan(model: nn.Module, roles: ModelRoles, config: object | None) -> list[HookPlan]:
+    """Which module feeds which sites, for a vLLM/SGLang-style tree (also a debugging map);
+    ``config`` (the model's transformers config) names its family (``minirl.families``)."""
+    from minirl.families import embed_scale, family  # minirl only once a model is hooked
+
+    fam, scale = family(config), embed_scale(config)
+    top_k = int(getattr(config, "num_experts_per_tok", 2))
+    renormalize = bool(getattr(config, "norm_topk_prob", True))
     paths = {id(m): p for p, m in model.named_modules()}
     plan: list[HookPlan] = []
+    resid_post = (lambda a, o: {"resid_post": first(o)}) if fam.vllm_layer_returns_sum else (
+        lambda a, o: {"resid_post": rebuild_residual(o)})
 
     def add(module: nn.Module | None, read: Reader, kinds: tuple[str, ...], layer: int | None = None) -> None:
         if module is not None:
             plan.append(HookPlan(paths[id(module)], module, read, kinds, layer))
 
-    add(roles.embed, lambda a, o: {"embed": first(o)}, ("embed",))
+    add(roles.embed, lambda a, o: {"embed": scaled_embed(first(o), scale, fam.embed_scale_attr)}, ("embed",))
     for lr in roles.layers:
         i, attn = lr.index, lr.attn
         add(lr.attn_norm, lambda a, o: {"attn_norm": norm_outputs(o)[0]}, ("attn_norm",), i)
         add(getattr(attn, "rotary_emb", None), lambda a, o: {"q": o[0], "k": o[1]}, ("q", "k"), i)
         if lr.fused_qkv:
-            sizes = (attn.q_size, attn.kv_size)
+            sizes = qkv_sizes(attn)
             add(attn.qkv_proj, lambda a, o, s=sizes: {"v": split_qkv(first(o), *s)[2]}, ("v",), i)
         add(attn, lambda a, o: {"attn_out": first(o)}, ("attn_out",), i)
-        add(lr.mlp_norm, lambda a, o: dict(zip(("mlp_norm", "resid_mid"), norm_outputs(o))),
+        add(lr.mlp_norm, lambda a, o: dict(zip(("mlp_norm", "resid_mid"), norm_outputs(o, a))),
             ("resid_mid", "mlp_norm"), i)
         if lr.router is not None:
             add(lr.router, lambda a, o: _routing(first(o), top_k, renormalize),
                 ("router_logits", "topk_ids", "topk_weights"), i)
         add(lr.mlp, lambda a, o: {"mlp_out": first(o)}, ("mlp_out",), i)
-        add(lr.layer, lambda a, o: {"resid_post": rebuild_residual(o)}, ("resid_post",), i)
+        add(lr.layer, resid_post, ("resid_post",), i)
     add(roles.final_norm, lambda a, o: {"final_norm": norm_outputs(o)[0]}, ("final_norm",))
     add(_child(model, "logits_processor"), lambda a, o: {"logits": first(o)}, ("logits",))
     return plan
+
+
+def qkv_sizes(attn: nn.Module) -> tuple[int, int]:
+    """(q_size, kv_size) of a fused-qkv attention: vLLM's own attention says them; a transformers
+    attention inside vLLM's Transformers backend only has the fused ``QKVParallelLinear``'s
+    ``output_sizes`` (q, k, v)."""
+    if hasattr(attn, "q_size"):
+        return attn.q_size, attn.kv_size
+    q, k, _ = attn.qkv_proj.output_sizes
+    return q, k
 
 
 def _routing(logits: torch.Tensor, k: int, renormalize: bool) -> dict[str, torch.Tensor]:
@@ -159,14 +194,19 @@ class FusedModuleAdapter(Adapter):
         if roles is None:
             raise ValueError(f"{type(model).__qualname__}: no decoder layers with qkv_proj/o_proj found")
         self.model, self.config, self.roles, self.layout = model, config, roles, layout
-        self.plan = hook_plan(model, roles, int(getattr(config, "num_experts_per_tok", 2)),
-                              bool(getattr(config, "norm_topk_prob", True)))
+        self.plan = hook_plan(model, roles, config)
         self._handles: list = []
+        self._patches: list[tuple[object, RopeTap]] = []
         self._rows: list[Rows] | None = None
         self._layer: int | None = None  # the layer whose attention runs (for shared modules)
+        # vLLM's Transformers backend runs transformers' own attention: RoPE is its modeling
+        # module's function, tapped as the HF adapter does, not a ``rotary_emb`` module
+        self.rope_layers = [lr.index for lr in roles.layers
+                            if getattr(lr.attn, "rotary_emb", None) is None and rope_module(lr.attn) is not None]
 
     def available_sites(self) -> list[str]:
         sites = [k if p.layer is None else f"L{p.layer}.{k}" for p in self.plan for k in p.kinds]
+        sites += [f"L{i}.{k}" for i in self.rope_layers for k in ("q", "k")]
         return sort_sites(sites + (list(DERIVED) if "logits" in sites else []))
 
     def attach(self, recorder: Recorder) -> None:
@@ -185,6 +225,19 @@ class FusedModuleAdapter(Adapter):
                 self._handles.append(p.module.register_forward_hook(
                     lambda m, a, o, p=p, names=names, shared=shared: None if shared and self._layer != p.layer
                     else self._emit(recorder, need, names, p.read(a, o))))
+        for i in self.rope_layers:
+            mod = rope_module(self.roles.layers[i].attn)
+            if need & {f"L{i}.q", f"L{i}.k"} and not any(m is mod for m, _ in self._patches):
+                tap = RopeTap(getattr(mod, ROPE_SYMBOL), self._emit_rope)
+                setattr(mod, ROPE_SYMBOL, tap)
+                self._patches.append((mod, tap))
+
+    def _emit_rope(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """q/k after transformers' RoPE, ``[1, heads, T, D]`` -> ``[T, heads * D]``."""
+        if self._layer in self.rope_layers:
+            names = {"q": f"L{self._layer}.q", "k": f"L{self._layer}.k"}
+            self._emit(self._recorder, self._recorder.needed, names,
+                       {kind: x.transpose(-3, -2).flatten(-2).flatten(0, -2) for kind, x in (("q", q), ("k", k))})
 
     def _enter(self, layer: int) -> None:
         self._layer = layer
@@ -202,6 +255,8 @@ class FusedModuleAdapter(Adapter):
         for kind, value in values.items():
             if names[kind] not in need or value is None:
                 continue
+            if value.dim() == 3 and value.shape[0] == 1:  # a transformers module inside vLLM: [1, T, ...]
+                value = value[0]
             rows = self._rows if value.shape[0] == self._n_rows() else self._last_rows(value.shape[0])
             for idx, meta in rows:
                 rec.emit(names[kind], value if idx is None else value[idx.to(value.device)], meta)
@@ -241,6 +296,9 @@ class FusedModuleAdapter(Adapter):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for mod, tap in reversed(self._patches):
+            unpatch_rope(mod, tap)
+        self._patches.clear()
         self._rows = self._layer = self._recorder = None  # a kept adapter holds no capture
 
     def run(self, input_ids: torch.Tensor) -> None:

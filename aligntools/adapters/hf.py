@@ -1,6 +1,6 @@
 """transformers (and any role-structured ``nn.Module``) -> sites, through forward hooks.
 
-How each site is read (pre-norm decoder layers: Llama, Qwen2/3, Qwen3-MoE, Mixtral, OLMoE):
+How each site is read (pre-norm decoder layers: Llama, Qwen2/3, Qwen3-MoE, Mixtral, OLMoE; sandwich Gemma 2/3):
 ``attn_norm``/``mlp_norm``/``attn_out``/``mlp_out``/``resid_post``/``final_norm``/``logits``
 are module outputs; ``resid_mid`` is the *input* of the post-attention norm (the residual
 after attention, which transformers never names); ``v`` is the ``v_proj`` output. ``q``/``k``
@@ -11,6 +11,12 @@ on detach); an attention pre-hook tells the wrapper which layer is running. Rout
 transformers 5 routers return ``(logits, topk_weights, topk_ids)``, read as computed;
 a router that returns only logits is routed like transformers does (kernels' ``torch`` router_topk,
 renormalised when ``config.norm_topk_prob`` says so, default True as Mixtral always does).
+What a site means comes from the family's entry in ``minirl.families``: ``embed`` is what the
+first layer adds to (Granite's ``embedding_multiplier`` is applied here; Gemma's embedding module
+already returns it times √hidden), ``logits`` is what the model softmaxes (Granite's
+``/ logits_scaling``, Cohere's ``* logit_scale`` and Gemma 2/3's soft-cap, which the model's
+forward applies after ``lm_head``, are applied to ``lm_head``'s output the same way), and the
+MLP's pre-norm is the one the family's block shape names (``roles``).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ class HFAdapter(Adapter):
             kinds.append("attn_norm")
         if self._rope_module(lr) is not None:
             kinds += ["q", "k"]
-        if hasattr(lr.attn, "v_proj"):
+        if hasattr(lr.attn, "v_proj") and not hasattr(lr.attn, "conv1d"):  # a short conv: v_proj's is not the v used
             kinds.append("v")
         kinds.append("attn_out")
         if lr.mlp_norm is not None:
@@ -81,8 +87,7 @@ class HFAdapter(Adapter):
         return sort_sites(sites)
 
     def _rope_module(self, lr: LayerRoles) -> object | None:
-        mod = sys.modules.get(type(lr.attn).__module__)
-        return mod if mod is not None and callable(getattr(mod, ROPE_SYMBOL, None)) else None
+        return rope_module(lr.attn)
 
     # ---- hooks --------------------------------------------------------------------------
 
@@ -94,14 +99,20 @@ class HFAdapter(Adapter):
         on(self.model.register_forward_pre_hook(self._begin_forward, with_kwargs=True))
         on(self.model.register_forward_hook(self._end_forward))
         r = self.roles
+        from minirl.families import embed_scale, family, logits_transform  # minirl only once a model is hooked
+
         if "embed" in need:
-            on(_out_hook(r.embed, self._emitter("embed")))
+            scale = None if family(self.config).hf_embed_scaled else embed_scale(self.config)
+            on(_out_hook(r.embed, self._emitter("embed") if scale is None
+                         else lambda value: self._emit("embed", value * scale, owned=True)))
         for lr in r.layers:
             self._attach_layer(lr, {s.split(".", 1)[1] for s in need if s.startswith(f"L{lr.index}.")})
         if "final_norm" in need:
             on(_out_hook(r.final_norm, self._emitter("final_norm")))
         if "logits" in need:
-            on(_out_hook(r.lm_head, self._emitter("logits")))
+            transform = logits_transform(self.config)
+            on(_out_hook(r.lm_head, self._emitter("logits") if transform.identity
+                         else lambda value: self._emit("logits", transform.apply(value), owned=True)))
 
     def _attach_layer(self, lr: LayerRoles, kinds: set[str]) -> None:
         on, i = self._handles.append, lr.index
@@ -150,7 +161,7 @@ class HFAdapter(Adapter):
             h.remove()
         self._handles.clear()
         for mod, wrapper in reversed(self._patches):
-            _unpatch(mod, wrapper)
+            unpatch_rope(mod, wrapper)
         self._patches.clear()
         self._layout = self._rec = None  # a kept adapter holds no capture
 
@@ -251,6 +262,12 @@ def _library_code_only(model: nn.Module) -> bool:
     return all(type(m).__module__.split(".")[0] in ("transformers", "torch") for m in model.modules())
 
 
+def rope_module(attn: nn.Module) -> object | None:
+    """The modeling module whose ``apply_rotary_pos_emb`` a transformers attention calls, or None."""
+    mod = sys.modules.get(type(attn).__module__)
+    return mod if mod is not None and callable(getattr(mod, ROPE_SYMBOL, None)) else None
+
+
 class RopeTap:
     """transformers' RoPE function with q/k after RoPE handed to ``emit``, its result unchanged.
 
@@ -258,7 +275,7 @@ class RopeTap:
     itself, and with it the adapter, the recorder and every captured value, in a reference
     cycle that only Python's full garbage collection frees (a loop of captures then grows by
     a capture each time). ``active`` goes False when its Tracker detaches; ``original`` is
-    the function it wraps (``_unpatch`` walks that chain).
+    the function it wraps (``unpatch_rope`` walks that chain).
     """
 
     def __init__(self, original: Callable, emit: Callable[[torch.Tensor, torch.Tensor], None] | None) -> None:
@@ -276,7 +293,7 @@ class RopeTap:
         self.active, self.emit = False, None
 
 
-def _unpatch(mod: object, wrapper: RopeTap) -> None:
+def unpatch_rope(mod: object, wrapper: RopeTap) -> None:
     """Take ``wrapper`` out of ``mod``'s RoPE function, also when Trackers exit out of order.
 
     Another Tracker's wrapper may sit on top of ours (it patched after us) or below it: ours

@@ -4,7 +4,9 @@ Why roles: transformers has one class per architecture (LlamaAttention, Qwen3Moe
 OlmoeAttention, ...) and inference engines have their own; what they share is structure.
 A decoder stack is the ModuleList whose items each hold an attention block (q/k/v/o
 projections, or a fused qkv) and an MLP; the router is the MLP's ``gate``/``router`` beside
-its ``experts``; pre-norms are the layer's input / post-attention norms. The same finder
+its ``experts``; pre-norms are the layer's input norm and the MLP's pre-norm, which the
+family's block shape names (``minirl.families``: ``post_attention_layernorm`` in a Llama
+block, ``pre_feedforward_layernorm`` in Gemma 2/3's sandwich, none in a parallel block). The same finder
 serves transformers models and vLLM/SGLang-style module trees.
 """
 
@@ -15,11 +17,9 @@ from dataclasses import dataclass
 from torch import nn
 
 ATTN_NORM_NAMES = ("input_layernorm", "attention_norm", "ln_1")
-MLP_NORM_NAMES = ("post_attention_layernorm", "ffn_norm", "ln_2")
 MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward", "moe")
 ROUTER_NAMES = ("gate", "router")
 FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 @dataclass
@@ -46,9 +46,12 @@ class ModelRoles:
 
 
 def is_attention(m: nn.Module) -> bool:
-    """q/k/v/o projections, or a fused qkv projection and an output projection."""
+    """q/k/v/o projections, a fused qkv projection and an output projection, or multi-head
+    latent attention's (DeepSeek-V3, BailingHybrid's full-attention layers: q, a joint kv
+    down-projection, o)."""
     has = lambda *names: all(hasattr(m, n) for n in names)  # noqa: E731
-    return has("q_proj", "k_proj", "v_proj", "o_proj") or has("qkv_proj", "o_proj")
+    return (has("q_proj", "k_proj", "v_proj", "o_proj") or has("qkv_proj", "o_proj")
+            or (has("kv_a_proj_with_mqa", "o_proj") and (has("q_proj") or has("q_a_proj"))))
 
 
 def find_roles(model: nn.Module, config: object | None = None) -> ModelRoles | None:
@@ -61,8 +64,10 @@ def find_roles(model: nn.Module, config: object | None = None) -> ModelRoles | N
     if best is None:
         return None
     path, stack = best
-    n_experts = _expert_count(config)
-    layers = [_layer_roles(i, layer, n_experts) for i, layer in enumerate(stack)]
+    from minirl.families import expert_count, family  # here: importing aligntools imports no minirl
+
+    n_experts, mlp_norms = expert_count(config), family(config).mlp_norm_names
+    layers = [_layer_roles(i, layer, n_experts, mlp_norms) for i, layer in enumerate(stack)]
     holder = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
     return ModelRoles(layers=layers, embed=_embed(model, holder), final_norm=_child(holder, FINAL_NORM_NAMES),
                       lm_head=_lm_head(model))
@@ -75,11 +80,13 @@ def _attention_child(layer: nn.Module) -> nn.Module | None:
     return None
 
 
-def _layer_roles(index: int, layer: nn.Module, n_experts: int | None) -> LayerRoles:
+def _layer_roles(index: int, layer: nn.Module, n_experts: int | None,
+                 mlp_norms: tuple[str, ...] | None) -> LayerRoles:
+    """``mlp_norms``: the family's names of the MLP's pre-norm (``minirl.families``), None for
+    blocks without one (parallel, post-norm): their ``resid_mid``/``mlp_norm`` sites do not exist."""
     mlp = _child(layer, MLP_NAMES)
-    attn_norm, mlp_norm = _child(layer, ATTN_NORM_NAMES), _child(layer, MLP_NORM_NAMES)
-    if attn_norm is None:  # post-norm layouts (OLMo2-style): the pre-norm sites do not exist
-        mlp_norm = None
+    attn_norm = _child(layer, ATTN_NORM_NAMES)
+    mlp_norm = _child(layer, mlp_norms) if mlp_norms is not None and attn_norm is not None else None
     return LayerRoles(index=index, layer=layer, attn=_attention_child(layer), mlp=mlp,
                       attn_norm=attn_norm, mlp_norm=mlp_norm, router=_router(mlp, n_experts))
 
@@ -127,11 +134,3 @@ def _lm_head(model: nn.Module) -> nn.Module | None:
         if isinstance(found, nn.Module):
             return found
     return _child(model, ("lm_head", "output"))
-
-
-def _expert_count(config: object | None) -> int | None:
-    for key in EXPERT_COUNT_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None

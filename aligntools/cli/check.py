@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=int, default=256, help="tokens of built-in text to run (default: 256)")
     p.add_argument("--tolerance", default=None, help="JSON file overriding the per-site tolerance rules")
     p.add_argument("--report", default=None, help="write a self-contained HTML report here")
+    p.add_argument("--exclude", action="append", default=[], metavar="SITE",
+                   help="leave this site out of the verdict (repeat, or comma-separate); a layer site only one "
+                        "side captures fails the gate unless excluded here")
     p.add_argument("--drill", action="store_true",
                    help="also drill into the first divergent site: every tensor op of its module on both engines, "
                         "the first op whose error jumps and the knob that aligns it (aligntools.drill)")
@@ -48,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         check_output_file(args.report, "report")
     result = check_alignment(args.model, train=args.train, infer=args.infer, dtype=args.dtype,
-                             tokens=args.tokens, tolerance=args.tolerance, progress=sys.stderr.isatty())
+                             tokens=args.tokens, tolerance=args.tolerance, progress=sys.stderr.isatty(),
+                             exclude=[site for arg in args.exclude for site in arg.split(",") if site])
     note = drill_first_divergence(result, args.model, args.train, args.infer, args.dtype) if args.drill else None
     print(result.summary())
     if note:

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -98,6 +99,20 @@ class GateResult:
         return list(dict.fromkeys(named + failed))
 
     @property
+    def coverage(self) -> str:
+        """"N of M sites compared" (M: the sites either side captured, less those excluded by
+        name), then the sites only one side has and the excluded ones, by name: a verdict on the
+        intersection alone must say what it left out."""
+        cov = self.setup.get("sites")
+        if cov is None:
+            return f"{len(self.table)} sites compared"
+        line = f"{cov['compared']} of {cov['total']} sites compared"
+        for side in ("train", "infer"):
+            if cov[f"only_{side}"]:
+                line += f"; only on {self.setup[side]}: {', '.join(cov[f'only_{side}'])}"
+        return line + (f"; excluded: {', '.join(cov['excluded'])}" if cov["excluded"] else "")
+
+    @property
     def verdict(self) -> str:
         head = "ALIGNED" if self.passed else "MISALIGNED"
         return f"{head}: {self.setup['infer']} vs {self.setup['train']}" + (
@@ -118,6 +133,7 @@ class GateResult:
         out.append(str(fd) if fd else "first divergence: none (no site jumps above its inputs' error)")
         out.extend(["diagnosis:", *(f"  {f}" for f in self.diagnosis)] if self.diagnosis else ["diagnosis: no findings"])
         out.extend(drill_gate.summary_lines(self))
+        out.append(self.coverage)
         out.append(self.verdict)
         return "\n".join(out)
 
@@ -212,13 +228,15 @@ def _setup_line(setup: dict) -> str:
 def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str = "minirl",
                     dtype: str | None = None, tokens: int | torch.Tensor = 256,
                     tolerance: str | os.PathLike | Tolerance | None = None,
-                    progress: bool = True) -> GateResult:
+                    progress: bool = True, exclude: Iterable[str] = ()) -> GateResult:
     """Run the gate (see the module docstring). Usage errors raise ``GateUsageError``.
 
     ``train``: ``hf`` (float32) or ``hf:bfloat16``. ``infer``: ``minirl[:PRESET][,knob=value]``
     with presets ``typical`` (default), ``aligned`` and ``hf_exact``. ``dtype``: the inference
     side's dtype (default bfloat16 for typical, float32 for the aligned presets). ``tokens``: built-in text token count
     or ids [B, S]. ``tolerance``: a Tolerance or a JSON file overriding the per-site rules.
+    ``exclude``: site names left out of the verdict on purpose (a layer site only one side
+    captures fails the gate unless it is named here).
     """
     from tqdm.auto import tqdm
 
@@ -241,22 +259,43 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
 
     train_model = load_hf(path, train_spec.dtype, **train_spec.options)
     inf = inf.following(train_model.config._attn_implementation)  # hf_exact takes the trainer's attention
+    # both transformers models load before the engine is built: vLLM's Transformers backend
+    # (olmo2, starcoder2, ...) alters that family's transformers classes once it builds one
+    ref_model = load_hf(path, "float64")
     engine = build_engine(inf.built, path)
     train_cap = step("train capture", lambda: capture(train_model, ids, progress=False))
-    ref_cap = step("float64 capture", lambda: capture(load_hf(path, "float64"), ids, progress=False))
+    ref_cap = step("float64 capture", lambda: capture(ref_model, ids, progress=False))
     infer_cap = step("infer capture", lambda: capture(engine, ids, progress=False))
     floor = step("noise floor", lambda: compare(ref_cap, train_cap, labels=("hf:float64", "train")))
     floors, _ = Tolerance.usable_floors({s: r.summary["rel_l2"] for s, r in floor.results.items()
                                          if "rel_l2" in r.summary})
     labels = (str(train_spec), inf.label)
+    shared = [x for x in train_cap.sites if x in set(infer_cap.sites) - set(exclude)] if exclude else None
     cmp = step("compare", lambda: compare(train_cap, infer_cap, tolerance=policy.with_noise_floor(floors),
-                                          labels=labels))
+                                          labels=labels, sites=shared))
     bar.close()
     setup = {"model": str(path), "n_tokens": int(ids.numel()), "batch": int(ids.shape[0]), "train": labels[0],
              "infer": labels[1], "knob_overrides": inf.spec.options, "knobs": engine_kind(inf.spec.kind).settings(engine),
              "train_kernels": {"attn": train_model.config._attn_implementation,
                                "experts": getattr(train_model.config, "_experts_implementation", None)}}
+    setup["sites"] = site_coverage(train_cap.sites, infer_cap.sites, cmp.table.index, exclude)
     return _verdict(cmp, floor, floors, setup, coarser(train_spec.dtype, inf.spec.dtype))
+
+
+def site_coverage(train: Iterable[str], infer: Iterable[str], compared: Iterable[str],
+                  exclude: Iterable[str] = ()) -> dict:
+    """What the gate compared out of what the two captures hold: counts, the sites on one side
+    only (execution order) and the excluded ones; an excluded name neither side has is a usage
+    error (a typo would otherwise exclude nothing, silently)."""
+    train, infer, exclude = set(train), set(infer), list(dict.fromkeys(exclude))
+    unknown = [s for s in exclude if s not in train | infer]
+    if unknown:
+        raise GateUsageError(f"--exclude {', '.join(unknown)}: no such site in either capture "
+                             f"(sites: {', '.join(S.sort_sites(list(train | infer)))})")
+    keep = lambda names: S.sort_sites([s for s in names if s not in exclude])  # noqa: E731
+    done = [s for s in compared if s not in exclude]
+    return {"compared": len(done), "total": len((train | infer) - set(exclude)), "only_train": keep(train - infer),
+            "only_infer": keep(infer - train), "excluded": S.sort_sites(exclude)}
 
 
 def _tolerance(tolerance: str | os.PathLike | Tolerance | None) -> Tolerance:
@@ -273,6 +312,13 @@ def _verdict(cmp, floor, floors: dict[str, float], setup: dict, dtype: str) -> G
     t = cmp.table
     table = t.assign(noise_floor=pd.Series(floors).reindex(t.index))[SITE_COLUMNS]
     reasons = []
+    cov = setup.get("sites")
+    one_sided = [s for side in ("only_train", "only_infer") for s in (cov[side] if cov else [])
+                 if S.parse(s).layer is not None]
+    if one_sided:
+        reasons.append(f"{len(one_sided)} layer sites captured on one side only ({', '.join(one_sided[:6])}"
+                       f"{', ...' if len(one_sided) > 6 else ''}): the verdict would cover only part of the model; "
+                       f"exclude them by name (--exclude SITE) to gate without them")
     skipped = cmp.not_compared
     if skipped:
         reasons.append(f"{len(skipped)} sites not compared: " + "; ".join(f"{s} ({why})" for s, why in skipped.items()))

@@ -19,6 +19,7 @@ import torch
 
 import kernels
 from minirl.algorithms import router_replay
+from minirl.families import logits_transform
 
 
 @dataclass
@@ -65,8 +66,7 @@ def forward(model: torch.nn.Module, sequences: list[list[int]],
 
     valid = torch.arange(length - 1, device=device)[None, :] < (torch.tensor(lens, device=device)[:, None] - 1)
     targets = ids[:, 1:][valid]  # [N]
-    weight = model.get_output_embeddings().weight  # [V, H]
-    lp, ent = kernels.get("logprobs", "chunked")(hidden[:, :-1][valid], weight, targets)  # [N] each
+    lp, ent = head_logprobs(model, hidden[:, :-1][valid], targets)  # [N] each
     logp = torch.zeros(b, length - 1, dtype=torch.float32, device=device).masked_scatter(valid, lp.float())
     entropy = torch.zeros_like(logp).masked_scatter(valid, ent.detach().float())
     routing = None
@@ -74,6 +74,23 @@ def forward(model: torch.nn.Module, sequences: list[list[int]],
         stacked = torch.stack(calls, dim=1).view(b, length, len(calls), -1)  # [B, L, n_moe, k]
         routing = [stacked[i, :n].cpu() for i, n in enumerate(lens)]
     return Forward(logp, entropy, valid, routing)
+
+
+def head_logprobs(model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and entropy of ``targets`` [N] from final hidden states [N, H] through the fused
+    ``logprobs`` kernel, with what the model's forward applies after ``lm_head`` (its family's
+    ``minirl.families.logits_transform``: Granite's ``/ logits_scaling`` and Cohere's
+    ``* logit_scale`` as a temperature, Gemma 2/3's soft-cap in the torch kernel, the Triton one
+    having none), so these are ``log_softmax(model(ids).logits)``'s values, not ``lm_head``'s."""
+    transform = logits_transform(getattr(model, "config", None))
+    if transform.softcap is not None and transform.scale != 1.0:
+        raise ValueError(f"{model.config.model_type}: logits scaled ({transform.scale}) and soft-capped "
+                         f"({transform.softcap}) in one model; the fused logprobs kernel takes one of them")
+    impl = "auto" if transform.softcap is None else "torch"
+    weight = model.get_output_embeddings().weight  # [V, H]
+    return kernels.get("logprobs", "chunked", impl)(hidden, weight, targets, temperature=1.0 / transform.scale,
+                                                    softcap=transform.softcap)
 
 
 def needs_forward(advantages: torch.Tensor, kl_coef: float) -> bool:
@@ -127,10 +144,8 @@ def _forward_shared_prefix(model: torch.nn.Module, sequences: list[list[int]], p
     targets = torch.tensor([t for s in sequences for t in s[1:]], dtype=torch.long)
     vocab = model.get_output_embeddings().weight.shape[0]
     pairs, inverse = torch.unique(at * vocab + targets, return_inverse=True)
-    weight = model.get_output_embeddings().weight  # [V, H]
     flat = hidden.reshape(n_rows * width, -1)
-    lp, ent = kernels.get("logprobs", "chunked")(flat[(pairs // vocab).to(device)], weight,
-                                                (pairs % vocab).to(device))  # [U] each
+    lp, ent = head_logprobs(model, flat[(pairs // vocab).to(device)], (pairs % vocab).to(device))  # [U] each
     inverse = inverse.to(device)
     lens = [len(s) for s in sequences]
     length = max(lens)

@@ -10,6 +10,7 @@ imported only here and in the adapter, when a vLLM engine is asked for.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
+
+from minirl.families import expert_count
 
 ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
 # Prefills are scheduled whole, never chunked: a chunk's sampled token is discarded and vLLM 0.32
@@ -49,11 +52,18 @@ def unavailable_reason() -> str | None:
 
 
 def check_model(path: str | os.PathLike) -> None:
-    """Refuse, before vLLM starts, a checkpoint vLLM cannot run here: an architecture its
-    registry lacks or a head size its CPU attention rejects (it would fail deep inside)."""
+    """Refuse, before vLLM starts, a checkpoint vLLM cannot run here: a family known not to serve
+    (``minirl.families``' ``vllm_refusal``, with its reason), an architecture its registry lacks
+    or a head size its CPU attention rejects (it would fail deep inside)."""
     from vllm import ModelRegistry
 
+    from minirl.families import FAMILIES
+
     config = json.loads((Path(path) / "config.json").read_text())
+    entry = FAMILIES.get(config.get("model_type", ""))
+    if entry is not None and entry.vllm_refusal:
+        raise ValueError(f"{path}: vLLM cannot serve the {entry.model_type} family here: {entry.vllm_refusal}; "
+                         f"capture it with the hf or minirl engine instead")
     archs = config.get("architectures") or []
     supported = ModelRegistry.get_supported_archs()
     if not any(a in supported for a in archs):
@@ -91,10 +101,40 @@ def create_llm(path: str | os.PathLike, dtype: str, **options: object):
     from vllm import LLM
 
     kwargs = {k: v for k, v in options.items() if k != "prefix_caching"}
-    llm = LLM(model=str(path), dtype=dtype, enforce_eager=True, use_tqdm_on_load=progress_enabled(),
-              enable_prefix_caching=bool(options.get("prefix_caching", False)), **WHOLE_PREFILLS, **kwargs)
+    with _transformers_classes_kept(path):
+        llm = LLM(model=str(path), dtype=dtype, enforce_eager=True, use_tqdm_on_load=progress_enabled(),
+                  enable_prefix_caching=bool(options.get("prefix_caching", False)), **WHOLE_PREFILLS, **kwargs)
     keep_parallel_groups(llm)
     return llm
+
+
+@contextlib.contextmanager
+def _transformers_classes_kept(path: str | os.PathLike):
+    """vLLM's Transformers backend (olmo2, starcoder2, gpt_neox, ... in 0.32) decorates the
+    family's transformers base-model class *in place* for torch.compile: its ``__init__`` then
+    wants a vLLM config and its ``__call__`` an attribute only vLLM's instance has, so every
+    transformers model of that family in the process breaks afterwards (``'Olmo2Model' object
+    has no attribute 'do_not_compile'``). Put the class back once vLLM has built its instance,
+    which runs eagerly and needs neither (``enforce_eager``: its forward is the plain one)."""
+    from minirl.families import FAMILIES
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    entry = FAMILIES.get(config.get("model_type", ""))
+    if entry is None or not entry.vllm_transformers_backend:
+        yield
+        return
+    from transformers import AutoConfig, AutoModel
+
+    cls = AutoModel._model_mapping[type(AutoConfig.for_model(config["model_type"]))]
+    saved = {name: cls.__dict__[name] for name in ("__init__", "__call__") if name in cls.__dict__}
+    try:
+        yield
+    finally:
+        for name in ("__init__", "__call__"):
+            if name in saved:
+                setattr(cls, name, saved[name])
+            elif name in cls.__dict__:
+                delattr(cls, name)
 
 
 def _keep_llvmlite_out_of_vllms_scan() -> None:
@@ -125,7 +165,7 @@ def _make_room_for_experts(path: str | os.PathLike) -> None:
     from vllm.distributed import parallel_state as ps
 
     config = json.loads((Path(path) / "config.json").read_text())
-    moe = any(isinstance(config.get(k), int) and config[k] > 0 for k in ("num_experts", "num_local_experts"))
+    moe = expert_count(config) is not None  # DeepSeek-V3 counts its experts as n_routed_experts
     if moe and ps.model_parallel_is_initialized() and ps._EP is None:
         ps.destroy_model_parallel()
 

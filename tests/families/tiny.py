@@ -1,0 +1,74 @@
+"""Tiny random checkpoints of every architecture family in docs/models.md's table.
+
+Why random and untrained: the checks here compare engines running *the same* weights, so any
+weights do, as long as nothing that differs between engines is hidden by an init value: norm
+weights (and biases) are pushed off their init (a ``1 + weight`` RMSNorm read as ``weight``
+would otherwise agree), and every shape is the one vLLM's CPU attention takes (head_dim 32;
+24 is rejected). 2 layers, hidden 128, the zoo's tokenizer (vocab 512), float32 on disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+#: Shapes every family shares (names differ per config class; the rest is per family below).
+COMMON = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, max_position_embeddings=256, vocab_size=512,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+
+#: model_type -> config overrides beyond COMMON.
+FAMILIES: dict[str, dict] = {
+    "llama": {}, "mistral": {"sliding_window": None}, "qwen2": {}, "qwen3": {},
+    "qwen2_moe": {**MOE, "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1},
+    "qwen3_moe": {**MOE, "decoder_sparse_step": 1},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
+    "phi3": {}, "glm4": {}, "glm": {},
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "layer_types": ["sliding_attention", "full_attention"],
+                "sliding_window": 64},
+    "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                    "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "kv_lora_rank": 32,
+                    "q_lora_rank": None, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 32},
+    "gemma": {}, "gemma2": {"tie_word_embeddings": True}, "gemma3_text": {"tie_word_embeddings": True},
+    "granite": {"logits_scaling": 8.0, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                "attention_multiplier": 0.03125},
+    "granitemoe": {"num_local_experts": 4, "num_experts_per_tok": 2, "logits_scaling": 8.0,
+                   "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.03125},
+    "cohere": {"logit_scale": 0.0625}, "cohere2": {"logit_scale": 0.0625, "sliding_window": 64},
+    "stablelm": {}, "olmo2": {}, "olmo3": {}, "starcoder2": {}, "smollm3": {}, "seed_oss": {}, "arcee": {},
+    "gpt_neox": {},
+}
+
+
+def build(model_type: str, out: Path, tokenizer_from: Path, seed: int = 0) -> Path:
+    """Write a tiny random ``model_type`` checkpoint (config, safetensors, the zoo's tokenizer)
+    to ``out`` and return it; an existing complete one is reused."""
+    from filelock import FileLock
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):  # two xdist workers may ask for one family
+        if not (out / "model.safetensors").exists():
+            _write(model_type, out, tokenizer_from, seed)
+    return out
+
+
+def _write(model_type: str, out: Path, tokenizer_from: Path, seed: int) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **COMMON, **FAMILIES[model_type])
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # off the init, so a norm read with the wrong convention shows
+                p.add_(0.2 * torch.randn_like(p))
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_from / f, tmp / f)
+    tmp.rename(out)
