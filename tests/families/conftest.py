@@ -16,10 +16,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 FAST = ("llama", "qwen3_moe", "gemma2", "granite", "olmo2")
 
 
-def families(*only: str) -> list:
-    """``tiny.FAMILIES`` as pytest params: those in ``FAST`` (or ``only``) plain, the others ``slow``."""
-    keep = only or tuple(tiny.FAMILIES)
-    return [pytest.param(f, marks=() if f in FAST else pytest.mark.slow) for f in keep]
+def families(fast: tuple[str, ...] = FAST, skip: tuple[str, ...] = ()) -> list:
+    """``tiny.FAMILIES`` (less ``skip``) as pytest params: those in ``fast`` plain, the others ``slow``."""
+    return [pytest.param(f, marks=() if f in fast else pytest.mark.slow) for f in tiny.FAMILIES if f not in skip]
 
 
 @pytest.fixture(scope="session")

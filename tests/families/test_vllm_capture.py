@@ -1,0 +1,43 @@
+"""vLLM float32 against transformers float32, family by family: the same sites, the same values.
+
+Each site means one thing on both engines (minirl/families.py): a Gemma embedding scaled on one
+side only, Granite/Cohere logits read before their scaling, a Cohere/StableLM residual added
+twice, or a Gemma 2/3 sandwich norm mapped to the wrong module would each fail here. The
+transformers capture runs first: vLLM's Transformers backend (olmo2) rebuilds that family's
+classes while it builds its engine (``minirl.vllm.llm`` puts them back; the gate captures in
+this order too). Dense Llama and Qwen3-MoE are in tests/vllm/test_alignment.py.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import aligntools
+from minirl.engines import load_hf
+from tests.families.conftest import families
+from tests.vllm.needs import needs_vllm
+
+pytestmark = needs_vllm
+SERVED_ELSEWHERE = ("llama", "qwen3_moe")  # tests/vllm/test_alignment.py
+
+
+@pytest.mark.parametrize("model_type", families(fast=("gemma2", "granite", "olmo2"), skip=SERVED_ELSEWHERE))
+def test_vllm_fp32_matches_transformers_at_every_site(model_type, family_checkpoint):
+    from minirl.vllm.llm import create_llm
+
+    path = family_checkpoint(model_type)
+    ids = torch.randint(3, 500, (2, 16), generator=torch.Generator().manual_seed(0))
+    hf = aligntools.capture(load_hf(path, "float32"), ids, progress=False)
+    llm = create_llm(path, "float32", max_model_len=64)
+    cap = aligntools.capture(llm, ids, progress=False)
+    del llm
+    gc.collect()
+    assert sorted(cap.sites) == sorted(hf.sites)
+    cmp = aligntools.compare(hf, cap)
+    worst = max(r.summary.get("rel_l2", 0.0) for r in cmp.results.values())
+    assert cmp.passes and worst < 1e-5, cmp.table.loc[cmp.failures, ["rel_l2", "limit"]]
+    # transformers still loads this family after vLLM built it (no family breaks another)
+    assert len(aligntools.capture(load_hf(path, "float32"), ids[:1], sites=["logits"], progress=False).sites)
