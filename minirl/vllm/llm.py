@@ -185,8 +185,8 @@ def engine_settings(llm: object) -> dict[str, object]:
 def sync_weights(llm: object, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
                  | str | os.PathLike) -> None:
     """Load new weights into a running ``LLM`` in place (what an RL trainer does after each
-    update): ``weights`` is a transformers-format state dict / ``(name, tensor)`` pairs, or a
-    checkpoint directory. vLLM renames, fuses (qkv, gate_up, experts) and casts them itself;
+    update): ``weights`` is a checkpoint-format state dict / ``(name, tensor)`` pairs
+    (``checkpoint_state(model)`` for a transformers model), or a checkpoint directory. vLLM renames, fuses (qkv, gate_up, experts) and casts them itself;
     the prefix cache is reset so no KV computed with the old weights is reused."""
     runner = llm.collective_rpc(lambda worker: worker.model_runner)[0]
     if isinstance(weights, (str, os.PathLike)):
@@ -196,6 +196,19 @@ def sync_weights(llm: object, weights: Mapping[str, torch.Tensor] | Iterable[tup
         runner.reload_weights(weights_iterator=((k, v.detach()) for k, v in pairs))
     _repack_experts(runner.model)
     llm.reset_prefix_cache()
+
+
+def checkpoint_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A transformers model's weights under the names its checkpoint has, which vLLM's loader
+    takes: transformers 5 renames and fuses some at load (Mixtral's ``block_sparse_moe`` experts
+    become ``mlp.experts.gate_up_proj``) and keeps a tied ``lm_head`` beside the embedding (tied
+    Gemma 2's vLLM model has no ``lm_head`` to load). ``save_pretrained``'s own two steps undo
+    both, so the sync sees what a saved checkpoint holds."""
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    state = remove_tied_weights_from_state_dict(model.state_dict(), model)
+    return revert_weight_conversion(model, state)
 
 
 def _repack_experts(model: torch.nn.Module) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from minirl.engine.rollout import Rollout
 from minirl.engine.sampling import SamplingParams
-from minirl.vllm.llm import create_llm, sync_weights
+from minirl.vllm.llm import checkpoint_state, create_llm, sync_weights
 from minirl.vllm.routing import RoutingRecorder
 
 
@@ -71,4 +71,4 @@ class VllmRollouts:
 
     def load_weights(self, model: torch.nn.Module) -> None:
         """Weight sync after each update: the running engine serves the trainer's new weights."""
-        sync_weights(self.llm, model.state_dict())
+        sync_weights(self.llm, checkpoint_state(model))
