@@ -506,5 +506,26 @@ def _collapse(small: bool) -> Outcome:
                    {"collapse": collapse_lab.figure(ds)}, numbers)
 
 
+@reproduction("three_engines", finding="vLLM, SGLang and minirl typical in bf16 against one fp32 trainer: per-site "
+                                       "error, first divergence and the minirl knobs each engine's numerics match",
+              paper="no paper publishes it (closest: Ring-linear §5.2.1's per-module checklist, one engine)")
+def _three_engines(small: bool) -> Outcome:
+    """``labs.three_engines`` on smollm2 at 256 tokens (``--small``: tiny-llama, 64 tokens, one
+    fingerprint pass)."""
+    from labs import three_engines, zoo
+
+    path = zoo.build("tiny-llama" if small else "smollm2-135m")
+    result = three_engines.three_engines(path, 64 if small else 256, passes=1 if small else 2)
+    s = result.summary
+    ours = "; ".join(f"{e}: logits rel-L2 {r.logits_rel_l2:.2g}, fingerprint {r.fingerprint_distance:.2g} nats "
+                     f"({r.knobs_found})" for e, r in s.iterrows())
+    sites = xr.Dataset({e.replace(":", "_"): ("site", result.sites[e].to_numpy()) for e in result.sites},
+                       coords={"site": result.sites.index.to_numpy()})
+    return Outcome(ours, {"three_engines_sites": sites, "three_engines": xr.Dataset.from_dataframe(s.astype(
+        {"first_divergence": str, "knobs_found": str, "gap_start": str}))},
+                   numbers={f"{k} {e}": float(v) for e, r in s.iterrows() for k, v in r.items()
+                            if isinstance(v, float)})
+
+
 if __name__ == "__main__":
     sys.exit(main())

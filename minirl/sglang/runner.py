@@ -26,6 +26,9 @@ SETTINGS = {"device": "cpu", "attention_backend": "torch_native", "sampling_back
             "disable_cuda_graph": True, "disable_radix_cache": True, "mem_fraction_static": 0.5,
             "skip_tokenizer_init": True}
 DEFAULT_MAX_TOTAL_TOKENS = 4096
+# The zoo's architectures registered up front: SGLang then imports only their model modules at
+# start-up instead of all ~200 (minirl/sglang/models); any other architecture still loads.
+MODELS_ENV = {"SGLANG_EXTERNAL_MODEL_PACKAGE": "minirl.sglang.models"}
 
 
 class SglangUnavailable(RuntimeError):
@@ -62,6 +65,8 @@ class SglangRunner:
         if reason:
             raise SglangUnavailable(reason)
         install()
+        for key, value in MODELS_ENV.items():
+            os.environ.setdefault(key, value)
         from minirl.quiet import install_filters
 
         install_filters()

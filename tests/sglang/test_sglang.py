@@ -5,6 +5,8 @@ the module (``sglang_runner``); the check and train calls build their own runner
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -123,3 +125,29 @@ def test_fingerprint_explains_sglangs_bf16_in_minirl_knobs(zoo, sglang_runner, p
     assert len(fp.explained) and (fp.explained["score_if_reverted"] > fp.score).all()  # each knob found matters
     assert fp.score <= min(np.log10(fp.table[c].dropna() + 1e-9).mean() for c in ("hf_exact", "typical"))
     assert fp.gap_start in cap.sites
+
+
+@pytest.mark.slow
+def test_two_step_rl_run_on_smollm2_with_sglang_bf16_rollouts(zoo, tmp_path):
+    """The real model: SGLang bf16 rollouts, fp32 trainer, the monitor reading SGLang after each sync."""
+    pytest.importorskip("gguf")
+    cfg = TrainConfig(model=str(zoo("smollm2-135m")), sft_steps=0, task="chat_arithmetic",
+                      task_kwargs={"digits": 2, "second_digits": 1}, n_train=16, n_eval=2, prompts_per_step=2,
+                      group_size=4, max_new_tokens=16, temperature=0.7, steps=2, lr=2e-5, eval_every=0,
+                      checkpoint_every=0, out_dir=str(tmp_path / "run"), progress=False, engine="sglang:bfloat16",
+                      monitor_every=1)
+    ds = run_log.load(train(cfg).log_path)
+    assert ds["monitor_step"].values.tolist() == [0, 1, 2]
+    rel = ds["monitor_rel_l2"].values
+    assert np.isfinite(rel).all() and 0 < rel.max() < 0.2  # bf16 SGLang against the fp32 trainer: small, not zero
+
+
+@pytest.mark.slow
+def test_three_engines_row_at_small_size(tmp_path):
+    from labs import reproduce
+
+    assert reproduce.main(["--small", "--only", "three_engines", "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "three_engines" / "summary.json").read_text())
+    for engine in ("vllm:bfloat16", "sglang:bfloat16", "minirl:typical"):
+        assert 0 < s["numbers"][f"logits_rel_l2 {engine}"] < 0.05, engine  # bf16-sized against the fp32 trainer
+    assert s["numbers"]["fingerprint_distance minirl:typical"] == 0  # minirl finds itself exactly
