@@ -32,7 +32,8 @@ FAMILIES: dict[str, dict] = {
                 "sliding_window": 64},
     "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                     "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "kv_lora_rank": 32,
-                    "q_lora_rank": None, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 32},
+                    "q_lora_rank": None, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 32,
+                    "head_dim": 16},  # RoPE runs over qk_rope_head_dim
     "gemma": {}, "gemma2": {"tie_word_embeddings": True}, "gemma3_text": {"tie_word_embeddings": True},
     "granite": {"logits_scaling": 8.0, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
                 "attention_multiplier": 0.03125},
@@ -59,7 +60,7 @@ def build(model_type: str, out: Path, tokenizer_from: Path, seed: int = 0) -> Pa
 def _write(model_type: str, out: Path, tokenizer_from: Path, seed: int) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(model_type, **COMMON, **FAMILIES[model_type])
+    config = AutoConfig.for_model(model_type, **{**COMMON, **FAMILIES[model_type]})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
