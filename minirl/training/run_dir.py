@@ -500,8 +500,9 @@ def _take_lock(path: Path) -> int:
 
 def _holder(fd: int) -> str:
     """"pid N" of the lock's holder, read only when the lock holds a pid: a holder writes it just
-    after taking the lock, so an empty lock gets 0.1 s to show it."""
-    for _ in range(10):
+    after taking the lock, so an empty lock gets 0.5 s to show it (a loaded machine may pause the
+    holder between the two)."""
+    for _ in range(50):
         if held := _PID.fullmatch(os.pread(fd, 16, 0)):
             return f"pid {held[1].decode()}"
         time.sleep(0.01)
