@@ -91,8 +91,7 @@ class Family:
     the logits transform. ``vllm_layer_returns_sum``: vLLM's layer returns ``(hidden + residual,
     residual)`` rather than ``(delta, residual)``, so its first output already is the residual
     stream. ``vllm_transformers_backend``: vLLM 0.32 serves the family through
-    ``TransformersForCausalLM`` (transformers' own modules inside vLLM). ``vllm_refusal``: why
-    vLLM's CPU build cannot serve it (None: it can).
+    ``TransformersForCausalLM`` (transformers' own modules inside vLLM).
     """
 
     model_type: str
@@ -104,7 +103,6 @@ class Family:
     softcap_attr: str | None = None
     vllm_layer_returns_sum: bool = False
     vllm_transformers_backend: bool = False
-    vllm_refusal: str | None = None
 
     @property
     def mlp_norm_names(self) -> tuple[str, ...] | None:
@@ -140,8 +138,7 @@ FAMILIES: dict[str, Family] = _entries(
     Family("arcee", vllm_transformers_backend=True),
     Family("glm", vllm_transformers_backend=True),
     Family("gpt_neox", block="parallel", vllm_transformers_backend=True),
-    Family("bailing_hybrid", vllm_refusal="vLLM 0.32 has no BailingHybridForCausalLM (its Bailing models are "
-                                          "BailingMoe/BailingMoeV2/V2.5)"),
+    Family("bailing_hybrid"),  # vLLM 0.32 has no BailingHybridForCausalLM: check_model refuses the architecture
 )
 
 #: What an unknown ``model_type`` is taken to be: a pre-norm block with no scaling anywhere.

@@ -52,18 +52,11 @@ def unavailable_reason() -> str | None:
 
 
 def check_model(path: str | os.PathLike) -> None:
-    """Refuse, before vLLM starts, a checkpoint vLLM cannot run here: a family known not to serve
-    (``minirl.families``' ``vllm_refusal``, with its reason), an architecture its registry lacks
-    or a head size its CPU attention rejects (it would fail deep inside)."""
+    """Refuse, before vLLM starts, a checkpoint vLLM cannot run here: an architecture its
+    registry lacks or a head size its CPU attention rejects (it would fail deep inside)."""
     from vllm import ModelRegistry
 
-    from minirl.families import FAMILIES
-
     config = json.loads((Path(path) / "config.json").read_text())
-    entry = FAMILIES.get(config.get("model_type", ""))
-    if entry is not None and entry.vllm_refusal:
-        raise ValueError(f"{path}: vLLM cannot serve the {entry.model_type} family here: {entry.vllm_refusal}; "
-                         f"capture it with the hf or minirl engine instead")
     archs = config.get("architectures") or []
     supported = ModelRegistry.get_supported_archs()
     if not any(a in supported for a in archs):
