@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 _EXPORTS = {"Engine": "minirl.engine", "Knobs": "minirl.engine", "SamplingParams": "minirl.engine",
             "EngineSpec": "minirl.engines", "build_engine": "minirl.engines", "engine_kind": "minirl.engines",
             "Rollout": "minirl.engine.rollout",
-            "read_config": "minirl.engine.checkpoint", "read_safetensors": "minirl.engine.checkpoint",
+            "model_spec": "minirl.engine.archs", "read_config": "minirl.engine.checkpoint", "read_safetensors": "minirl.engine.checkpoint",
             "TrainConfig": "minirl.training.train_config", "train": "minirl.driver",
             "trainer_logprobs": "minirl.training.trainer_forward",
             "check_output_file": "minirl.output_paths", "temp_sibling": "minirl.output_paths",
@@ -40,6 +40,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from minirl.engine import Engine, Knobs, SamplingParams
+    from minirl.engine.archs import model_spec
     from minirl.engine.checkpoint import read_config, read_safetensors
     from minirl.engine.rollout import Rollout
     from minirl.engines import EngineSpec, build_engine, engine_kind

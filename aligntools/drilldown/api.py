@@ -80,11 +80,10 @@ def _check_site(path: os.PathLike, site: str) -> int:
     """The model has ``site``: its layer exists and, for a router site, is an MoE layer (a dense
     MLP has no router to drill). Returns the vocabulary size, for the ids."""
     from aligntools.gates.inputs import UsageError
-    from minirl import read_config
-    from minirl.engine import archs
+    from minirl import model_spec, read_config
 
     try:
-        spec, _ = archs.resolve(read_config(path))
+        spec = model_spec(read_config(path))
     except ValueError as e:
         raise UsageError(f"{path}: {e}") from e
     layer, kind = parse(site).layer, parse(site).kind

@@ -103,7 +103,7 @@ class LocalBackend:
         self.train = train
         self.learner = Learner(train, max_staleness=staleness(train))
         self.engine = self.learner.engine
-        self.model = self.learner.trainer.model
+        self.model = self.learner.trainer.master  # fp32 master weights, as a sync run returns
         self.rewards = RewardWorker(self.learner.trainer.task, self.learner.trainer.tokenizer, train.reward_timeout_s)
         self.queue = LocalTransferQueue(queue_config(train))
         self.timeline = Timeline()

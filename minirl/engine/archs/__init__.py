@@ -62,6 +62,12 @@ def supported() -> list[str]:
     return list(_MODULES)
 
 
+def model_spec(cfg: dict) -> ModelSpec:
+    """What the engine would build from a ``config.json`` dict (layers, MoE layers, vocabulary),
+    without its weights: what callers outside the engine (the drill's argument checks) may read."""
+    return resolve(cfg)[0]
+
+
 def resolve(cfg: dict) -> tuple[ModelSpec, Arch]:
     """The spec and architecture of a ``config.json`` dict; refused and unknown families raise
     naming the family, the reason and the supported list (before any weight is read)."""
