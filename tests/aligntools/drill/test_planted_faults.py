@@ -17,7 +17,8 @@ EAGER = "minirl:aligned,attention=eager"  # transformers' math, in fp32: the ops
 def _planted_attend(softmax_dtype: torch.dtype, scores_dtype: torch.dtype):
     """minirl's eager attention with the softmax or the QK^T scores computed in another dtype."""
 
-    def _attend(q, k, v, mask, *, causal, backend, scale):
+    def _attend(q, k, v, mask, *, causal, backend, scale, softcap=None):
+        assert softcap is None, "the planted attention models a dense model without an attention soft-cap"
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scores = torch.matmul(q.to(scores_dtype), k.transpose(2, 3).to(scores_dtype)).to(q.dtype) * scale
