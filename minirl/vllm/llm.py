@@ -31,6 +31,10 @@ ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
 # one step's token budget (4,096: 128 rollouts of a 45-token prompt) crashed mid-run. Whole
 # prefills wait for the next step instead; budgets below it schedule exactly as before.
 WHOLE_PREFILLS = {"enable_chunked_prefill": False}
+DEFAULT_MAX_MODEL_LEN = 4096
+"""``max_model_len`` when none is given: vLLM's own default is the model's whole context, and
+Gemma 3 270M's 32,768 positions do not fit the CPU KV cache (``VLLM_CPU_KVCACHE_SPACE`` GiB), so
+it would not start; RL rollouts and captures here are far shorter."""
 
 
 class VllmUnavailable(RuntimeError):
@@ -94,6 +98,9 @@ def create_llm(path: str | os.PathLike, dtype: str, **options: object):
     from vllm import LLM
 
     kwargs = {k: v for k, v in options.items() if k != "prefix_caching"}
+    if "max_model_len" not in kwargs:
+        context = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+        kwargs["max_model_len"] = min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     with _transformers_classes_kept(path):
         llm = LLM(model=str(path), dtype=dtype, enforce_eager=True, use_tqdm_on_load=progress_enabled(),
                   enable_prefix_caching=bool(options.get("prefix_caching", False)), **WHOLE_PREFILLS, **kwargs)

@@ -32,7 +32,7 @@ def test_parse_engine_spec(spec, expected):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("sglang", "unknown engine .sglang."),
+    ("tgi", "unknown engine .tgi."),
     ("vllm,gpu_layers=2", "unknown vllm option .gpu_layers."),
     ("minirl:fast", "'fast' is not a minirl preset or dtype \\(aligned, typical, hf_exact, float32"),
     ("minirl:aligned,rmsnrom=hf", "unknown knob 'rmsnrom'; valid knobs: rmsnorm"),

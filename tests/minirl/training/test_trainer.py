@@ -185,7 +185,7 @@ def test_cli_runs_a_step(quick_config, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("spec, match", [
-    ("sglang", "unknown engine 'sglang'; engines here: minirl, vllm"),
+    ("tgi", "unknown engine 'tgi'; engines here: minirl, vllm, sglang"),
     ("vllm:float16", "names dtype float16 but the dtype given is bfloat16"),
     ("vllm,bogus=1", "unknown vllm option 'bogus'"),
     ("vllm:float64", "'vllm:float64': 'float64' is not a vllm dtype"),
