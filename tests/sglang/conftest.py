@@ -7,14 +7,12 @@ module or another module on the same worker, load only their model (~3-7 s).
 
 from __future__ import annotations
 
-import gc
-import time
-from pathlib import Path
-
 import pytest
 import torch
 
 from minirl.sglang.runner import unavailable_reason
+from tests import engine_cache
+from tests.engine_cache import module_engines
 
 REASON = unavailable_reason()
 needs_sglang = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -26,23 +24,9 @@ def sglang_runner(zoo):
     created once per module; ``sglang_runner.started[(name, dtype)]`` is its start-up in seconds."""
     from minirl.sglang.runner import create_runner
 
-    made: dict[tuple, object] = {}
-
-    def get(name: str | Path, dtype: str = "float32", **options):
-        key = (str(name), dtype, tuple(sorted(options.items())))
-        if key not in made:
-            t0 = time.perf_counter()
-            made[key] = create_runner(zoo(name) if isinstance(name, str) else name, dtype, **options)
-            get.started[key[:2]] = time.perf_counter() - t0
-        return made[key]
-
-    get.started = {}
-    yield get
-    made.clear()
-    gc.collect()
+    yield from module_engines(create_runner, zoo)
 
 
 @pytest.fixture(scope="module")
 def prompt_ids() -> torch.Tensor:
-    """[3, 24] token ids, the same as tests/vllm's."""
-    return torch.randint(3, 500, (3, 24), generator=torch.Generator().manual_seed(0))
+    return engine_cache.prompt_ids()
