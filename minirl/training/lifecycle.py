@@ -40,7 +40,7 @@ import yaml
 
 from minirl.training import checkpointing, monitor, monitor_report, plot
 from minirl.training.resume import RunInterrupted, changes
-from minirl.training.run_dir import RunDir
+from minirl.training.run_dir import EVENTS, RunDir
 from minirl.training.run_log import RunLog
 from minirl.training.train_config import TrainConfig
 
@@ -233,7 +233,10 @@ class Lifecycle:
         folder = self.out / "tensorboard"
         before = set(folder.iterdir()) if folder.is_dir() else set()
         self.board = SummaryWriter(str(folder), purge_step=self.step)
-        self.dir.claim(*(f"tensorboard/{p.name}" for p in sorted(set(folder.iterdir()) - before)))
+        # only the event files are the writer's: a file another process drops in tensorboard/ at
+        # this moment stays theirs (never claimed, so --overwrite keeps it)
+        self.dir.claim(*(f"tensorboard/{p.name}" for p in sorted(set(folder.iterdir()) - before)
+                         if p.name.startswith(EVENTS.split("/", 1)[1])))
 
     def _board_row(self, step: int, row: dict) -> None:
         if self.board is not None:

@@ -66,6 +66,25 @@ def test_foreign_files_are_refused_and_overwrite_removes_only_the_runs_own(mlab_
     assert len([f for f in run_dir.read_manifest(out) if f.startswith("tensorboard/")]) == 1  # the first run's went
 
 
+def test_a_file_dropped_in_tensorboard_as_the_writer_opens_is_not_claimed(mlab_train, tmp_path, monkeypatch):
+    """Only the event files the writer makes are the run's: a file another process drops in
+    tensorboard/ at that moment neither crashes the run (a name no run writes) nor is removed later."""
+    from torch.utils import tensorboard
+
+    class Crowded(tensorboard.SummaryWriter):
+        def __init__(self, log_dir, **kw):
+            super().__init__(log_dir, **kw)
+            (Path(log_dir) / "their_notes.txt").write_text("theirs")
+
+    monkeypatch.setattr(tensorboard, "SummaryWriter", Crowded)
+    out = tmp_path / "out"
+    assert mlab_train(out, report_to="tensorboard")[0] == 0
+    claimed = [f for f in run_dir.read_manifest(out) if f.startswith("tensorboard/")]
+    assert len(claimed) == 1 and claimed[0].startswith("tensorboard/events.out.tfevents.")
+    assert mlab_train(out, "--overwrite", report_to="tensorboard")[0] == 0
+    assert (out / "tensorboard" / "their_notes.txt").read_text() == "theirs"
+
+
 def test_out_dir_empty_is_refused(mlab_train, tmp_path, monkeypatch):
     """C39: ``out_dir: ''`` would write the run into the working directory."""
     monkeypatch.chdir(tmp_path)
