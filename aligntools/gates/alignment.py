@@ -259,12 +259,12 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
 
     train_model = load_hf(path, train_spec.dtype, **train_spec.options)
     inf = inf.following(train_model.config._attn_implementation)  # hf_exact takes the trainer's attention
-    # both transformers models load before the engine is built: vLLM's Transformers backend
-    # (olmo2, starcoder2, ...) alters that family's transformers classes once it builds one
-    ref_model = load_hf(path, "float64")
-    engine = build_engine(inf.built, path)
+    # both transformers captures run before the engine is built: vLLM's Transformers backend
+    # (olmo2, starcoder2, ...) alters that family's transformers classes once it builds one; the
+    # float64 model is dropped once captured, so it never sits beside the engine (2 GB on Gemma 3 270M)
     train_cap = step("train capture", lambda: capture(train_model, ids, progress=False))
-    ref_cap = step("float64 capture", lambda: capture(ref_model, ids, progress=False))
+    ref_cap = step("float64 capture", lambda: capture(load_hf(path, "float64"), ids, progress=False))
+    engine = build_engine(inf.built, path)
     infer_cap = step("infer capture", lambda: capture(engine, ids, progress=False))
     floor = step("noise floor", lambda: compare(ref_cap, train_cap, labels=("hf:float64", "train")))
     floors, _ = Tolerance.usable_floors({s: r.summary["rel_l2"] for s, r in floor.results.items()
