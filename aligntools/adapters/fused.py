@@ -48,12 +48,6 @@ def first(out: object) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def split_qkv(qkv: torch.Tensor, q_size: int, kv_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused ``qkv`` [T, q_size + 2 kv_size] -> q [T, q_size], k, v [T, kv_size]."""
-    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-    return q, k, v
-
-
 def rebuild_residual(layer_output: object) -> torch.Tensor:
     """The residual stream after a layer from the engines' ``(delta, residual)`` return."""
     if isinstance(layer_output, (tuple, list)) and len(layer_output) == 2 and layer_output[1] is not None:
@@ -139,9 +133,8 @@ def hook_plan(model: nn.Module, roles: ModelRoles, config: object | None) -> lis
         i, attn = lr.index, lr.attn
         add(lr.attn_norm, lambda a, o: {"attn_norm": norm_outputs(o)[0]}, ("attn_norm",), i)
         add(getattr(attn, "rotary_emb", None), lambda a, o: {"q": o[0], "k": o[1]}, ("q", "k"), i)
-        if lr.fused_qkv:
-            sizes = qkv_sizes(attn)
-            add(attn.qkv_proj, lambda a, o, s=sizes: {"v": split_qkv(first(o), *s)[2]}, ("v",), i)
+        if lr.fused_qkv is not None:
+            add(lr.fused_qkv, lambda a, o, lr=lr: {"v": lr.fused_v(first(o))}, ("v",), i)
         add(attn, lambda a, o: {"attn_out": first(o)}, ("attn_out",), i)
         add(lr.mlp_norm, lambda a, o: dict(zip(("mlp_norm", "resid_mid"), norm_outputs(o, a))),
             ("resid_mid", "mlp_norm"), i)
@@ -153,16 +146,6 @@ def hook_plan(model: nn.Module, roles: ModelRoles, config: object | None) -> lis
     add(roles.final_norm, lambda a, o: {"final_norm": norm_outputs(o)[0]}, ("final_norm",))
     add(_child(model, "logits_processor"), lambda a, o: {"logits": first(o)}, ("logits",))
     return plan
-
-
-def qkv_sizes(attn: nn.Module) -> tuple[int, int]:
-    """(q_size, kv_size) of a fused-qkv attention: vLLM's own attention says them; a transformers
-    attention inside vLLM's Transformers backend only has the fused ``QKVParallelLinear``'s
-    ``output_sizes`` (q, k, v)."""
-    if hasattr(attn, "q_size"):
-        return attn.q_size, attn.kv_size
-    q, k, _ = attn.qkv_proj.output_sizes
-    return q, k
 
 
 def _routing(logits: torch.Tensor, k: int, renormalize: bool) -> dict[str, torch.Tensor]:

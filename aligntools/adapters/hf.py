@@ -3,7 +3,8 @@
 How each site is read (pre-norm decoder layers: Llama, Qwen2/3, Qwen3-MoE, Mixtral, OLMoE; sandwich Gemma 2/3):
 ``attn_norm``/``mlp_norm``/``attn_out``/``mlp_out``/``resid_post``/``final_norm``/``logits``
 are module outputs; ``resid_mid`` is the *input* of the post-attention norm (the residual
-after attention, which transformers never names); ``v`` is the ``v_proj`` output. ``q``/``k``
+after attention, which transformers never names); ``v`` is the ``v_proj`` output (a fused
+``qkv_proj``'s last columns in Phi-3, each head's last third of GPT-NeoX's ``query_key_value``). ``q``/``k``
 after RoPE: RoPE is a function (``apply_rotary_pos_emb``) inside the attention forward,
 not a module, so while attached the adapter swaps that symbol in the attention's modeling
 module for a wrapper that returns the original's result unchanged and emits it (restored
@@ -52,6 +53,7 @@ class HFAdapter(Adapter):
         self._layout: ForwardLayout | None = None
         self._step = 0
         self._attn_layer: int | None = None
+        self._unrotated: dict[int, dict[str, torch.Tensor]] = {}  # layer -> pre-RoPE q/k (partial RoPE on a slice)
         self._warned: set[str] = set()
         self._borrow = False  # set at attach: may tensor mode keep this model's tensors by reference?
 
@@ -63,8 +65,8 @@ class HFAdapter(Adapter):
             kinds.append("attn_norm")
         if self._rope_module(lr) is not None:
             kinds += ["q", "k"]
-        if hasattr(lr.attn, "v_proj") and not hasattr(lr.attn, "conv1d"):  # a short conv: v_proj's is not the v used
-            kinds.append("v")
+        if lr.fused_qkv is not None or (hasattr(lr.attn, "v_proj") and not hasattr(lr.attn, "conv1d")):  # a short conv:
+            kinds.append("v")                                                        # v_proj's is not the v used
         kinds.append("attn_out")
         if lr.mlp_norm is not None:
             kinds += ["resid_mid", "mlp_norm"]
@@ -121,9 +123,12 @@ class HFAdapter(Adapter):
             on(_out_hook(lr.attn_norm, emitter("attn_norm")))
         if kinds & {"q", "k"}:
             self._patch_rope(lr)
+            self._keep_unrotated(lr)
             on(lr.attn.register_forward_pre_hook(lambda m, a: setattr(self, "_attn_layer", i)))
             on(lr.attn.register_forward_hook(lambda m, a, o: setattr(self, "_attn_layer", None)))
-        if "v" in kinds:
+        if "v" in kinds and lr.fused_qkv is not None:  # Phi-3, GPT-NeoX: v is part of one GEMM's output
+            on(_out_hook(lr.fused_qkv, lambda value: self._emit(f"L{i}.v", lr.fused_v(value))))
+        elif "v" in kinds:
             on(_out_hook(lr.attn.v_proj, emitter("v")))
         if "attn_out" in kinds:
             on(_out_hook(lr.attn, emitter("attn_out")))
@@ -146,10 +151,30 @@ class HFAdapter(Adapter):
         setattr(mod, ROPE_SYMBOL, tap)
         self._patches.append((mod, tap))
 
+    def _keep_unrotated(self, lr: LayerRoles) -> None:
+        """Partial RoPE applied to a slice (StableLM: ``apply_rotary_pos_emb(q[..., :rotary_ndims], ...)``,
+        the rest concatenated after): the tap sees only the rotated dims, so the pre-RoPE q/k
+        (after a per-head q/k norm where there is one) are kept per layer for the tail."""
+        attn, i = lr.attn, lr.index
+        rot = getattr(attn, "rotary_ndims", None)
+        if rot is None or not hasattr(attn, "q_proj") or rot >= attn.head_dim:  # GPT-NeoX: its RoPE function
+            return                                                              # slices and concatenates itself
+        for kind in ("q", "k"):
+            norm = getattr(attn, f"{kind}_layernorm", None)
+            source = norm if norm is not None else getattr(attn, f"{kind}_proj")
+            self._handles.append(source.register_forward_hook(
+                lambda m, a, out, kind=kind: self._unrotated.setdefault(i, {}).__setitem__(kind, out)))
+
     def _emit_rope(self, q_out: torch.Tensor, k_out: torch.Tensor) -> None:
         layer = self._attn_layer
         if layer is None:
             return
+        tails = self._unrotated.pop(layer, None)
+        if tails is not None:  # [B, S, heads(*D)] -> [B, heads, S, D], its unrotated dims after the rotated ones
+            b, heads, s, rot = q_out.shape
+            whole = {kind: t.reshape(b, s, -1, self.roles.layers[layer].attn.head_dim).transpose(1, 2)
+                     for kind, t in tails.items()}
+            q_out, k_out = (torch.cat([out, whole[kind][..., rot:]], dim=-1) for kind, out in (("q", q_out), ("k", k_out)))
         for kind, out in (("q", q_out), ("k", k_out)):
             # [B, heads, S, D] -> [B, S, heads*D]: a copy (ours to keep) unless S or heads is 1
             rows = out.transpose(1, 2).flatten(2)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 ATTN_NORM_NAMES = ("input_layernorm", "attention_norm", "ln_1")
 MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward", "moe")
 ROUTER_NAMES = ("gate", "router")
-FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
+FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm", "final_layer_norm")
 
 
 @dataclass
@@ -33,8 +34,40 @@ class LayerRoles:
     router: nn.Module | None
 
     @property
-    def fused_qkv(self) -> bool:
-        return hasattr(self.attn, "qkv_proj")
+    def fused_qkv(self) -> nn.Module | None:
+        """The one GEMM that makes q, k and v, where the attention has one: ``qkv_proj`` (vLLM,
+        Phi-3: [q | k | v]) or GPT-NeoX's ``query_key_value`` (per head [q_h | k_h | v_h])."""
+        for name in ("qkv_proj", "query_key_value"):
+            if isinstance(getattr(self.attn, name, None), nn.Module):
+                return getattr(self.attn, name)
+        return None
+
+    def fused_v(self, qkv: torch.Tensor) -> torch.Tensor:
+        """v [..., kv_size] out of the fused projection's output [..., q + 2 kv]."""
+        if hasattr(self.attn, "qkv_proj"):
+            return split_qkv(qkv, *qkv_sizes(self.attn))[2]
+        head = self.attn.head_size  # GPT-NeoX: view(..., heads, 3 * head) then chunk(3) per head
+        return qkv.unflatten(-1, (-1, 3 * head))[..., 2 * head:].flatten(-2)
+
+
+def qkv_sizes(attn: nn.Module) -> tuple[int, int]:
+    """(q_size, kv_size) of a fused-qkv attention: vLLM's own attention says them; a transformers
+    attention inside vLLM's Transformers backend only has the fused ``QKVParallelLinear``'s
+    ``output_sizes`` (q, k, v); transformers' own fused attention (Phi-3's ``qkv_proj``, one
+    ``nn.Linear``) has its heads and ``head_dim``."""
+    if hasattr(attn, "q_size"):
+        return attn.q_size, attn.kv_size
+    if hasattr(attn.qkv_proj, "output_sizes"):
+        q, k, _ = attn.qkv_proj.output_sizes
+        return q, k
+    kv = attn.num_key_value_heads * attn.head_dim
+    return attn.qkv_proj.out_features - 2 * kv, kv
+
+
+def split_qkv(qkv: torch.Tensor, q_size: int, kv_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused ``qkv`` [T, q_size + 2 kv_size] -> q [T, q_size], k, v [T, kv_size]."""
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    return q, k, v
 
 
 @dataclass
@@ -46,11 +79,12 @@ class ModelRoles:
 
 
 def is_attention(m: nn.Module) -> bool:
-    """q/k/v/o projections, a fused qkv projection and an output projection, or multi-head
+    """q/k/v/o projections, a fused qkv projection and an output projection (GPT-NeoX's
+    ``query_key_value`` and ``dense``), or multi-head
     latent attention's (DeepSeek-V3, BailingHybrid's full-attention layers: q, a joint kv
     down-projection, o)."""
     has = lambda *names: all(hasattr(m, n) for n in names)  # noqa: E731
-    return (has("q_proj", "k_proj", "v_proj", "o_proj") or has("qkv_proj", "o_proj")
+    return (has("q_proj", "k_proj", "v_proj", "o_proj") or has("qkv_proj", "o_proj") or has("query_key_value", "dense")
             or (has("kv_a_proj_with_mqa", "o_proj") and (has("q_proj") or has("q_a_proj"))))
 
 
@@ -121,7 +155,7 @@ def _embed(model: nn.Module, holder: nn.Module) -> nn.Module | None:
             found = None
         if isinstance(found, nn.Module):
             return found
-    return _child(holder, ("embed_tokens", "wte", "tok_embeddings"))
+    return _child(holder, ("embed_tokens", "embedding", "embed_in", "wte", "tok_embeddings"))  # vLLM gpt-oss, GPT-NeoX
 
 
 def _lm_head(model: nn.Module) -> nn.Module | None:

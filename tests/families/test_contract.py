@@ -61,3 +61,33 @@ def test_hf_capture_reads_what_the_model_computes(model_type, family_checkpoint)
         logits = model(ids).logits
     assert torch.equal(torch.as_tensor(cap.dataset["embed"].values), seen["in"].reshape(-1, 128))
     assert torch.equal(torch.as_tensor(cap.dataset["logits"].values), logits.reshape(-1, logits.shape[-1]))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "phi3", "stablelm", "gpt_neox"])
+def test_q_k_v_are_what_the_attention_computes_with(model_type, family_checkpoint):
+    """``q``/``k`` after RoPE and ``v`` are the tensors handed to the attention kernel, read there
+    (eager attention's ``eager_attention_forward``, wrapped): Phi-3's and GPT-NeoX's fused
+    projections split as each lays them out ([q | k | v] vs per head [q_h | k_h | v_h]) and
+    StableLM's RoPE on the first quarter of each head with the rest concatenated after."""
+    import sys
+
+    import aligntools
+    from minirl.engines import load_hf
+
+    model = load_hf(family_checkpoint(model_type), "float32", attn="eager")
+    modeling = sys.modules[type(model).__module__]
+    seen, original = [], modeling.eager_attention_forward
+
+    def spy(module, query, key, value, *args, **kwargs):  # [B, heads, S, D] each
+        seen.append({"q": query, "k": key, "v": value})
+        return original(module, query, key, value, *args, **kwargs)
+
+    ids = torch.randint(3, 500, (2, 9), generator=torch.Generator().manual_seed(0))
+    modeling.eager_attention_forward = spy
+    try:
+        cap = aligntools.capture(model, ids, sites=["L0.q", "L0.k", "L0.v", "L1.v"], progress=False)
+    finally:
+        modeling.eager_attention_forward = original
+    for layer, kind in (("L0", "q"), ("L0", "k"), ("L0", "v"), ("L1", "v")):
+        truth = seen[int(layer[1])][kind].transpose(1, 2).reshape(18, -1)  # [B*S, heads*D]
+        assert torch.equal(torch.as_tensor(cap.dataset[f"{layer}.{kind}"].values), truth), (layer, kind)

@@ -17,14 +17,14 @@ import torch
 
 import aligntools
 from minirl.engines import load_hf
-from tests.families.conftest import families
+from tests.families.conftest import NOT_SERVED, families
 from tests.vllm.needs import needs_vllm
 
 pytestmark = needs_vllm
 SERVED_ELSEWHERE = ("llama", "qwen3_moe")  # tests/vllm/test_alignment.py
 
 
-@pytest.mark.parametrize("model_type", families(fast=("gemma2", "granite", "olmo2"), skip=SERVED_ELSEWHERE))
+@pytest.mark.parametrize("model_type", families(fast=("gemma2", "granite", "olmo2"), skip=SERVED_ELSEWHERE + NOT_SERVED))
 def test_vllm_fp32_matches_transformers_at_every_site(model_type, family_checkpoint):
     from minirl.vllm.llm import create_llm
 
@@ -37,7 +37,17 @@ def test_vllm_fp32_matches_transformers_at_every_site(model_type, family_checkpo
     gc.collect()
     assert sorted(cap.sites) == sorted(hf.sites)
     cmp = aligntools.compare(hf, cap)
+    incomparable = [s for s, r in cmp.results.items() if not r.comparable]
+    assert not incomparable, incomparable  # a shape apart (StableLM's q/k were its rotated quarter only)
     worst = max(r.summary.get("rel_l2", 0.0) for r in cmp.results.values())
     assert cmp.passes and worst < 1e-5, cmp.table.loc[cmp.failures, ["rel_l2", "limit"]]
     # transformers still loads this family after vLLM built it (no family breaks another)
     assert len(aligntools.capture(load_hf(path, "float32"), ids[:1], sites=["logits"], progress=False).sites)
+
+
+@pytest.mark.parametrize("model_type", NOT_SERVED)
+def test_a_family_vllm_cannot_run_here_is_refused_by_name_before_it_starts(model_type, family_checkpoint):
+    from minirl.vllm.llm import check_model
+
+    with pytest.raises(ValueError, match=r"head_dim=16 is not supported by vLLM's CPU attention"):
+        check_model(family_checkpoint(model_type))

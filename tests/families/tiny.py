@@ -41,7 +41,9 @@ FAMILIES: dict[str, dict] = {
                    "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.03125},
     "cohere": {"logit_scale": 0.0625}, "cohere2": {"logit_scale": 0.0625, "sliding_window": 64},
     "stablelm": {}, "olmo2": {}, "olmo3": {}, "starcoder2": {}, "smollm3": {}, "seed_oss": {}, "arcee": {},
-    "gpt_neox": {},
+    # GPT-NeoX has no GQA: its query_key_value makes every head's k and v, but vLLM's Transformers
+    # backend believes a num_key_value_heads the config carries (attention rel. L2 1.2 at 2 of 4)
+    "gpt_neox": {"num_key_value_heads": 4},
 }
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import aligntools
-from aligntools.adapters.fused import (FusedModuleAdapter, flat_meta, norm_outputs, rebuild_residual,
-                                       split_qkv)
+from aligntools.adapters.fused import FusedModuleAdapter, flat_meta, norm_outputs, rebuild_residual
+from aligntools.adapters.roles import split_qkv
 from tests.aligntools.tracker.vllm_style import Qwen3MoeForCausalLM
 
 
