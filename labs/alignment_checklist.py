@@ -27,7 +27,6 @@ import torch
 import xarray as xr
 from matplotlib.figure import Figure
 
-import aligntools
 from aligntools import attribute
 from aligntools.gates.inputs import follow_attention, load_hf, prepare_tokens
 from minirl import Engine, Knobs, SamplingParams
@@ -140,18 +139,3 @@ def tp_drift(model_path: str | os.PathLike, tps: tuple[int, ...] = (1, 2, 4), dt
            title=f"TP split reductions ({dtype}, aligned knobs)")
     return table, fig
 
-
-def vllm_fingerprint(model_path: str | os.PathLike, dtype: str = "bfloat16", tokens: int = 128) -> object | None:
-    """Real vLLM beside minirl: capture the real engine (its CPU build, in process) on built-in
-    text and ``aligntools.fingerprint`` it - the minirl knobs closest to vLLM and the site where
-    the rest of the gap starts. None with a one-line reason where vLLM cannot run."""
-    from minirl.vllm.llm import create_llm, unavailable_reason
-
-    reason = unavailable_reason()
-    if reason:
-        print(f"skipped: {reason}")
-        return None
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    ids = prepare_tokens(model_path, tokens)  # [4, tokens // 4]
-    capture = aligntools.capture(create_llm(model_path, dtype), ids, progress=False)
-    return aligntools.fingerprint(capture, model_path, progress=False)

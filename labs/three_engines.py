@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from matplotlib.figure import Figure
 
 ENGINES = ("vllm:bfloat16", "sglang:bfloat16", "minirl:typical")
 
@@ -39,6 +40,7 @@ def three_engines(path: str | os.PathLike, tokens: int = 256, engines: tuple[str
     from aligntools.gates.inputs import prepare_tokens
     from minirl.engines import build_engine, load_hf
 
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vLLM's import: its INFO start-up lines
     ids = prepare_tokens(path, tokens)
     train = aligntools.capture(load_hf(path, "float32"), ids, progress=False)
     ref = aligntools.capture(load_hf(path, "float64"), ids, progress=False)
@@ -63,6 +65,84 @@ def three_engines(path: str | os.PathLike, tokens: int = 256, engines: tuple[str
                      "fingerprint_distance": fp.distance, "knobs_found": knobs, "gap_start": fp.gap_start})
     sites = pd.DataFrame(columns).reindex(train.sites).dropna(how="all")
     return ThreeEngines(sites, pd.DataFrame(rows).set_index("engine"))
+
+
+def runnable(engines: tuple[str, ...] = ENGINES) -> tuple[str, ...]:
+    """Those of ``engines`` that can run on this machine; each left out is printed with its
+    one-line reason (a notebook on macOS still gets the minirl column)."""
+    from minirl.sglang.runner import unavailable_reason as sglang_reason
+    from minirl.vllm.llm import unavailable_reason as vllm_reason
+
+    reasons = {"vllm": vllm_reason, "sglang": sglang_reason}
+    keep = []
+    for spec in engines:
+        reason = reasons.get(spec.split(":")[0], lambda: None)()
+        if reason:
+            print(f"{spec} left out: {reason}")
+        else:
+            keep.append(spec)
+    return tuple(keep)
+
+
+def figure(result: ThreeEngines) -> Figure:
+    """Each engine's rel. L2 against the fp32 trainer, site by site in execution order (log
+    scale): where a curve leaves the others is where that engine's arithmetic differs."""
+    sites = result.sites
+    fig = Figure(figsize=(9, 3.4))
+    ax = fig.subplots()
+    for spec in sites.columns:
+        ax.plot(range(len(sites)), sites[spec].clip(lower=1e-9), marker=".", lw=1, label=spec)
+    ticks = [i for i, s in enumerate(sites.index) if not s.startswith("L") or s.endswith(".resid_post")]
+    ax.set_xticks(ticks, [sites.index[i] for i in ticks], rotation=60, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("rel. L2 vs fp32 trainer")
+    ax.set_title("three bf16 engines against one fp32 trainer")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+#: A fingerprint distance below this share of the engine's own gap to the trainer: minirl models it closely;
+#: below ``ROUGHLY``: roughly; above: its knobs do not model that engine.
+CLOSELY, ROUGHLY = 0.25, 0.75
+#: Engines whose mean |Δ logprob| are within this relative margin: none is called closest.
+TIE = 0.05
+
+
+def modelled(distance: float, gap: float) -> str:
+    """How well minirl's closest knob setting models an engine: ``distance`` (fingerprint, nats
+    per token) as a share of the engine's own ``gap`` to the trainer."""
+    share = distance / gap
+    return ("models it **closely**" if share < CLOSELY else "models it **only roughly**" if share < ROUGHLY
+            else "does **not** model it")
+
+
+def closest(result: ThreeEngines) -> str:
+    """Which engine's log-probs are closest to the trainer's, or that neither of the two closest is (their
+    mean |Δ logprob| within ``TIE`` of each other), with every engine's value."""
+    gaps = result.summary["dlogprob_mean"].sort_values()
+    values = ", ".join(f"`{e}` {v:.2g}" for e, v in gaps.items())
+    if len(gaps) > 1 and (gaps.iloc[1] - gaps.iloc[0]) / gaps.iloc[1] < TIE:
+        return (f"At the log-probs `{gaps.index[0]}` and `{gaps.index[1]}` are within {TIE:.0%} of each other "
+                f"({values} nats/token): neither is clearly closest")
+    rest = ", ".join(f"`{e}` {v:.2g}" for e, v in gaps.iloc[1:].items())
+    return (f"Closest to the trainer at the log-probs: `{gaps.index[0]}` ({gaps.iloc[0]:.2g} nats/token"
+            + (f"; then {rest}" if rest else "") + ")")
+
+
+def sentence(result: ThreeEngines) -> str:
+    """The reading of the table, every number and direction from it: which engine is closest to
+    the trainer (``closest``), where each first diverges, and how well minirl's knobs model each
+    real engine."""
+    s = result.summary
+    first = ", ".join(f"`{e}` at `{r.first_divergence}`" for e, r in s.iterrows())
+    models = []
+    for e, r in s.drop([e for e in s.index if e.startswith("minirl")]).iterrows():
+        how = modelled(r.fingerprint_distance, r.dlogprob_mean)
+        models.append(f"`{e}`: the closest minirl setting ({r.knobs_found}) stays {r.fingerprint_distance:.2g} "
+                      f"nats/token away, {r.fingerprint_distance / r.dlogprob_mean:.0%} of its own gap, so minirl {how}" + (f" (the unexplained gap starts at `{r.gap_start}`)" if r.gap_start else ""))
+    return (closest(result) + ". First divergence: " + first + "."
+            + ("" if not models else " " + "; ".join(models) + "."))
 
 
 def markdown(result: ThreeEngines, every_site: bool = False) -> str:

@@ -31,6 +31,11 @@ HARMLESS_LOGS: dict[str, tuple[str, ...]] = {
     "vllm.triton_utils.importing": ("Triton is installed, but doesn't include CPU backend",),
     # CPU boxes without numactl: vLLM only loses its NUMA pinning hint
     "vllm.utils.numa_utils": ("Failed to run `numactl --show`", "`numactl --show` returned no output"),
+    # SGLang's CPU path as minirl/sglang sets it up: torch-native attention (no CUDA graphs to
+    # capture), one rank (no shared-memory all-reduce), a sandbox's fixed open-file limit
+    "sglang.srt.arg_groups.attention_hook": ("Cuda graph is disabled because of using torch native attention",),
+    "sglang.srt.distributed.bootstrap": ("init_cpu_threads_env and shared memory based AllReduce is disabled",),
+    "sglang.srt.utils.common": ("Fail to set RLIMIT_NOFILE",),
     # a local, single-user Ray cluster started by the async lab
     "ray._private.authentication.authentication_token_setup": ("Token authentication is disabled",),
 }
@@ -39,6 +44,11 @@ HARMLESS_LOGS: dict[str, tuple[str, ...]] = {
 HARMLESS_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     # torch's deprecated alias, touched by vLLM's and Triton's start-up module scans
     (FutureWarning, r"`torch\.distributed\.reduce_op` is deprecated"),
+    # SGLang's FLA ops on a CPU box: they fall back to torch, as intended
+    (UserWarning, r"Triton is not supported on current platform, roll back to CPU"),
+    # SGLang's quantization modules, imported whatever the model: these checkpoints are neither
+    (UserWarning, r"Only CUDA, HIP and XPU support AWQ currently"),
+    (UserWarning, r"Only CUDA, MUSA and NPU support GGUF quantization currently"),
 )
 """(category, message regex) of Python warnings that are known to be harmless."""
 

@@ -34,7 +34,7 @@ def test_notebook_executes(name, zoo_root):
     OUTPUT_CHECKS.get(name, lambda _: None)(nb)  # per-notebook checks on the real outputs
 
 
-LOADER_BARS = ("Loading weights", "Loading safetensors checkpoint shards")
+LOADER_BARS = ("Loading weights", "Loading safetensors checkpoint shards", "Multi-thread loading shards")
 """Third-party bars that ``minirl.quiet.quiet(progress=False)`` silences (transformers, vLLM): saved
 as widgets they read "Error displaying widget: model not found" after reopening."""
 

@@ -15,6 +15,8 @@ import importlib.util
 import os
 import platform
 from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,30 @@ MODELS_ENV = {"SGLANG_EXTERNAL_MODEL_PACKAGE": "minirl.sglang.models"}
 
 class SglangUnavailable(RuntimeError):
     """SGLang cannot run here; the message is the one-line reason (tests skip with it)."""
+
+
+@contextmanager
+def _loader_bars() -> Iterator[None]:
+    """SGLang's "Multi-thread loading shards" bar has no switch (rank 0 always draws it): inside
+    ``minirl.quiet.quiet(progress=False)`` it is drawn disabled, as vLLM's and transformers' are."""
+    from sglang.srt.model_loader import weight_utils
+
+    from minirl.quiet import progress_enabled
+
+    if progress_enabled():
+        yield
+        return
+    original = weight_utils.tqdm
+
+    class Silent(original):  # a subclass: SGLang calls tqdm._get_free_pos() on it too
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+    weight_utils.tqdm = Silent
+    try:
+        yield
+    finally:
+        weight_utils.tqdm = original
 
 
 def unavailable_reason() -> str | None:
@@ -91,8 +117,9 @@ class SglangRunner:
             bootstrap.init_parallel_runtime(server_args=args, device=get_device().device, dist_port=ports.nccl_port)
         bootstrap.init_layer_runtime(model_config=config)
         _forget_expert_layout()
-        runner = one_batch.ModelRunner(model_config=config, mem_fraction_static=SETTINGS["mem_fraction_static"],
-                                       gpu_id=0, nccl_port=ports.nccl_port, server_args=args)
+        with _loader_bars():
+            runner = one_batch.ModelRunner(model_config=config, mem_fraction_static=SETTINGS["mem_fraction_static"],
+                                           gpu_id=0, nccl_port=ports.nccl_port, server_args=args)
         runner.alloc_memory_pool()
         runner.init_attention_backends()
         runner.init_cuda_graphs()  # disabled: sets the eager runners forward() dispatches to
