@@ -134,11 +134,20 @@ def timing_report(device: str, repeats: int) -> None:
     pos = torch.arange(2048, device=device)
     logits = torch.randn(4096, 64, generator=g).to(device, dt)
     h, lw, t = (a.detach() for a in _logprob_inputs(256, 256, 32_768, dt, device))
+    head = _logprob_inputs(1280, 576, 49_152, dt, device)  # smollm2-135m's lm_head, one RL minibatch of tokens
+
+    def head_step(variant: str) -> Callable[[], None]:  # the RL trainer's use: the logprob's gradient only
+        def run() -> None:
+            hh, ww = (a.detach().requires_grad_() for a in head[:2])
+            lp, _ = implementation("logprobs", variant)(hh, ww, head[2])
+            lp.sum().backward()
+        return run
     cases: dict[str, tuple[str, Callable[[str], Callable[[], object]]]] = {
         "rmsnorm [2048,1024] bf16 (+residual)": ("reference", lambda v: lambda: implementation("rmsnorm", v)(x, w, 1e-6, x)),
         "rope [2048,8,128] bf16": ("reference", lambda v: lambda: implementation("rope", v)(q, pos, theta=1e6, rotary_dim=128)),
         "router_topk [4096,64] k=8 bf16": ("stable", lambda v: lambda: implementation("router_topk", v)(logits, 8)),
         "logprobs fwd N=256 H=256 V=32768 bf16": ("naive", lambda v: lambda: implementation("logprobs", v)(h, lw, t)),
+        "logprobs fwd+bwd N=1280 H=576 V=49152 bf16": ("naive", head_step),
     }
     print(f"\n## median time on {device} ({repeats} repeats), ratio = time / baseline variant")
     for title, (baseline, make) in cases.items():
