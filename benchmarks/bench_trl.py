@@ -58,16 +58,19 @@ from minirl.training.trainer import Trainer, resolve_model  # noqa: E402
 VARIANTS = {"minirl (bfloat16)": dict(engine_dtype="bfloat16"), "minirl (float32)": dict(engine_dtype="float32"),
             "minirl (fast)": dict(engine="minirl:typical,share_prefill=true", engine_dtype="float32",
                                   shared_prefix=True),
-            "minirl bf16 trainer": dict(engine_dtype="bfloat16", trainer_dtype="bfloat16")}
+            "minirl bf16 trainer": dict(engine_dtype="bfloat16", trainer_dtype="bfloat16"),
+            "minirl bf16 trainer (fast)": dict(engine_dtype="bfloat16", trainer_dtype="bfloat16",
+                                               trainer_attention="eager", shared_prefix=True)}
 """minirl's rows: engine dtype, ``fast`` = fp32 rollouts with each prompt prefilled once per group
 plus the trainer's shared-prefix packing (docs/measurements/2026-11-26-real-model-step.md), and
-``bf16t`` = ``bf16`` with the bf16 mixed-precision trainer (the others train in fp32)."""
+``bf16t`` = ``bf16`` with the bf16 mixed-precision trainer (the others train in fp32), ``bf16tf`` = that
+trainer with eager attention and shared-prefix packing."""
 TRL = "TRL GRPOTrainer"
 TRL_BF16 = "TRL bf16=True"
 TRLS = {TRL: False, TRL_BF16: True}
 """TRL's rows -> its ``bf16`` flag."""
 ENGINES = (*VARIANTS, *TRLS)
-SHORT = dict(zip(("bf16", "fp32", "fast", "bf16t", "trl", "trl16"), ENGINES))
+SHORT = dict(zip(("bf16", "fp32", "fast", "bf16t", "bf16tf", "trl", "trl16"), ENGINES))
 """``--engines`` names."""
 PHASES = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
 REAL_LR = 2e-5
@@ -87,7 +90,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--model", default="tiny-qwen3-moe", help="zoo name (smollm2-135m: the issue's real step)")
     parser.add_argument("--engines", default="bf16,fp32,trl",
-                        help="comma list of bf16, fp32, fast, bf16t (minirl), trl, trl16 (TRL fp32 / "
+                        help="comma list of bf16, fp32, fast, bf16t, bf16tf (minirl), trl, trl16 (TRL fp32 / "
                              "bf16=True); at least two")
     parser.add_argument("--memory-repeats", type=int, default=3,
                         help="fresh processes per peak-memory median (0: skip it)")

@@ -193,6 +193,13 @@ class TrainConfig:
     loads the model, runs the forward and backward (every matmul and activation bf16; the lm_head
     GEMM in bf16, its log-softmax and the loss in fp32); fp32 master weights and AdamW state take the
     update, gradients accumulate in fp32. Not the default: it changes the numbers (docs/rl.md)."""
+    trainer_attention: str = one_of("sdpa", ("sdpa", "eager"))
+    """the trainer's attention kernel, named as transformers names it (``mlab check --train
+    hf:DTYPE,attn=...`` runs the same one). ``sdpa``: transformers' default. ``eager``: two GEMMs
+    around an fp32 softmax, the same math in another rounding order; on a CPU at RL lengths its
+    bf16 forward + backward takes a third of ``sdpa``'s (whose CPU flash backward is slow on short
+    rows: docs/measurements/2026-12-02-bf16-step-speed.md). Part of the trainer's numerics: a
+    resume refuses to change it."""
     shared_prefix: bool = False
     """trainer forwards pack each prompt once with its completions (block mask) instead of
     repeating it in every padded row: ~``group_size`` x fewer prompt tokens; same logprobs up to

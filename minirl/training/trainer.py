@@ -72,11 +72,12 @@ class Trainer:
         torch.manual_seed(c.seed)
         dtype = getattr(torch, c.trainer_dtype)
         with quiet(c.progress):  # progress: false silences transformers' "Loading weights" bars too
-            self.master = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-            # bf16: a compute copy loaded as `mlab check --train hf:bfloat16` loads it (its fp32
-            # buffers, RoPE's inv_freq, stay fp32), then given the master's weights
-            self.model = self.master if dtype == torch.float32 else \
-                transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+            load = lambda dtype: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
+                self.model_path, dtype=dtype, attn_implementation=c.trainer_attention)
+            self.master = load(torch.float32)
+            # bf16: a compute copy loaded as `mlab check --train hf:bfloat16,attn=...` loads it (its
+            # fp32 buffers, RoPE's inv_freq, stay fp32), then given the master's weights
+            self.model = self.master if dtype == torch.float32 else load(dtype)
         self.master.to(self.device).train()
         self.model.to(self.device).train()
         self.pairs = compute_pairs(self.model, self.master)
@@ -87,7 +88,7 @@ class Trainer:
         self.ref = None
         if c.kl_coef > 0:
             with quiet(c.progress):
-                self.ref = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+                self.ref = load(dtype)
             self.ref.to(self.device).eval().requires_grad_(False)
         self.opt = torch.optim.AdamW(self.master.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
                                      fused=True)  # one kernel per step, not a loop over tensors (CPU and CUDA)

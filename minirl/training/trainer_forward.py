@@ -136,7 +136,9 @@ def _forward_shared_prefix(model: torch.nn.Module, sequences: list[list[int]], p
             pos[r, start:end] = torch.arange(p, p + end - start)
             mask[r, 0, start:end, :p] = True
             mask[r, 0, start:end, start:end] = torch.ones(end - start, end - start, dtype=torch.bool).tril()
-    hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
+    dtype = next(model.parameters()).dtype  # additive, as eager attention adds it (sdpa takes it too)
+    additive = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+    hidden = model.base_model(input_ids=ids.to(device), attention_mask=additive.to(device),
                               position_ids=pos.to(device)).last_hidden_state  # [R, W, H]
     # Prediction j of sequence b reads packed position place[b][j] and targets token j + 1;
     # identical (position, target) pairs (the shared prompt's own tokens) are scored once.

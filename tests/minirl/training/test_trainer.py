@@ -231,10 +231,21 @@ def _grads(model, out):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_shared_prefix_forward_matches_padded(hf_moe):
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prefix_forward_matches_padded(hf_moe, attn):
     """Packing each prompt once (block mask, per-completion positions) gives the padded forward's
     logprobs, entropies and gradients up to float reduction order, for ragged prompts and
-    completions (a repeated completion included) in an interleaved order."""
+    completions (a repeated completion included) in an interleaved order, under either attention
+    kernel (eager attention adds the mask: a boolean one was read as 0/1 and scored 0.74 off)."""
+    was = hf_moe.config._attn_implementation
+    hf_moe.set_attn_implementation(attn)
+    try:
+        _check_shared_prefix(hf_moe)
+    finally:
+        hf_moe.set_attn_implementation(was)
+
+
+def _check_shared_prefix(hf_moe) -> None:
     from minirl.training.trainer_forward import forward
 
     p1, p2 = [5, 9, 3, 7, 2], [4, 8, 1]
@@ -262,6 +273,19 @@ def test_shared_prefix_step_matches_default(quick_config, tmp_path):
     assert packed["reward"] == base["reward"] and packed["length"] == base["length"]
     for key in ("loss", "grad_norm", "entropy", "abs_dlogp_mean"):
         assert math.isclose(packed[key], base[key], rel_tol=1e-4, abs_tol=1e-6), (key, packed[key], base[key])
+
+
+def test_trainer_attention_reaches_the_model_and_computes_the_same_step(quick_config, tmp_path):
+    """``trainer_attention: eager`` loads the trainer's model with transformers' eager attention
+    (what ``mlab check --train hf,attn=eager`` runs); in fp32 its step is sdpa's up to rounding."""
+    from minirl.training.trainer import Trainer
+
+    assert Trainer(quick_config(steps=1, trainer_attention="eager")).model.config._attn_implementation == "eager"
+    base = train(quick_config(steps=1, out_dir=str(tmp_path / "a"))).rows[0]
+    eager = train(quick_config(steps=1, trainer_attention="eager", out_dir=str(tmp_path / "b"))).rows[0]
+    assert eager["reward"] == base["reward"]
+    for key in ("loss", "grad_norm", "abs_dlogp_mean"):
+        assert math.isclose(eager[key], base[key], rel_tol=1e-4, abs_tol=1e-6), (key, eager[key], base[key])
 
 
 def test_an_engine_and_training_set_swapped_in_serve_the_steps(quick_config):
