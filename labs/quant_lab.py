@@ -48,13 +48,14 @@ COLORS = {"GRPO": "#c0392b", "TIS": "#f39c12", "IcePop": "#2c7fb8", "MIS": "#27a
 @quiet_when_asked
 def measure(model: str = "tiny-qwen3-moe", formats: tuple[str, ...] = FORMATS, prompts: int = 8, n: int = 4,
             prompt_tokens: int = 16, max_new_tokens: int = 32, engine_dtype: str = "bfloat16", seed: int = 0,
-            progress: bool = True) -> pd.DataFrame:
+            trainer_dtype: str = "float32", progress: bool = True) -> pd.DataFrame:
     """One row per weight format (``none`` = plain ``engine_dtype`` rollouts): sampled tokens,
-    mean / max |Δ logprob| vs the fp32 trainer, mismatch KL (k3), the per-mille of tokens IcePop
+    mean / max |Δ logprob| vs the trainer (transformers in ``trainer_dtype``: ``bfloat16`` is the
+    bf16 trainer's side, ``TrainConfig.trainer_dtype``), mismatch KL (k3), the per-mille of tokens IcePop
     masks (rho outside [0.5, 5]) and TIS caps (rho > 2), and for MoE models the share of
     (position, layer) pairs whose top-k expert set differs from the trainer's."""
     path = zoo.build(model)
-    trainer = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    trainer = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, trainer_dtype)).eval()
     batch = prepare_tokens(path, prompts * prompt_tokens, n_seqs=prompts).tolist()  # [prompts, prompt_tokens]
     rows = []
     for fmt in tqdm(formats, desc=f"quantized rollouts, {model}", unit="format", disable=not progress):
@@ -71,7 +72,7 @@ def measure(model: str = "tiny-qwen3-moe", formats: tuple[str, ...] = FORMATS, p
                      "icepop_masked_permille": 1000 * ice["frac_masked"],
                      "tis_capped_permille": 1000 * tis["frac_clipped_high"], "flip_rate": flips})
     table = pd.DataFrame(rows).set_index("weights")
-    table.attrs = {"model": model, "engine": "minirl:typical", "engine_dtype": engine_dtype, "trainer": "hf:float32",
+    table.attrs = {"model": model, "engine": "minirl:typical", "engine_dtype": engine_dtype, "trainer": f"hf:{trainer_dtype}",
                    "prompts": prompts, "n": n, "max_new_tokens": max_new_tokens, "seed": seed}
     return table
 
@@ -216,9 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=4, help="samples per prompt")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trainer-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="what the scoring trainer computes in (bfloat16: the bf16 trainer's side)")
     args = ap.parse_args(argv)
-    tables = [measure(m, prompts=args.prompts, n=args.n, max_new_tokens=args.max_new_tokens, seed=args.seed)
-              for m in args.model or MODELS]
+    tables = [measure(m, prompts=args.prompts, n=args.n, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                      trainer_dtype=args.trainer_dtype) for m in args.model or MODELS]
     print(markdown(tables))
     return 0
 

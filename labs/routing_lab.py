@@ -151,10 +151,11 @@ def layer_flips(trainer: list[torch.Tensor], engine: list[torch.Tensor], layers:
 @quiet_when_asked
 def depth_comparison(models: tuple[str, ...] = (MODEL, "tiny-moe-deep"), weights: tuple[str, ...] = ("none", "fp8_e4m3"),
                      prompts: int = 16, n: int = 4, max_new_tokens: int = 64, seed: int = 0,
-                     progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+                     trainer_dtype: str = "float32", progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """R3 on a shallow and a deep MoE, for bf16 rollouts and quantized ones (``Knobs.weights``;
-    ``none`` = plain bf16). The typical bf16 minirl engine samples, an fp32 transformers trainer
-    scores. Returns (summary indexed by [model, rollout] with mean / max |Δ logprob| without
+    ``none`` = plain bf16). The typical bf16 minirl engine samples, a transformers trainer in
+    ``trainer_dtype`` scores (``bfloat16``: the bf16-vs-bf16 pair CompassMax's figure is about).
+    Returns (summary indexed by [model, rollout] with mean / max |Δ logprob| without
     replay and with R3, R3's factor on each, and the mean flip rate; per-layer flip rates, one
     column per (model, rollout)). Why: most of a 4-layer top-2 toy's gap is arithmetic, so R3
     barely helps; in deep, wide, top-8 MoEs flips compound layer after layer."""
@@ -163,7 +164,7 @@ def depth_comparison(models: tuple[str, ...] = (MODEL, "tiny-moe-deep"), weights
     for model, fmt in tqdm(runs, desc="R3 by depth", unit="run", disable=not progress):
         path = zoo.build(model)
         engine = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.typical_inference().replace(weights=fmt))
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, trainer_dtype)).eval()
         res = replay_gap(engine, hf, prompts=prompts, n=n, max_new_tokens=max_new_tokens, seed=seed)
         s, rollout = res.summary, "bf16" if fmt == "none" else f"bf16+{fmt}"
         rows.append({"model": model, "rollout": rollout, "layers": engine.n_layers,

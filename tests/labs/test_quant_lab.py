@@ -40,6 +40,10 @@ def test_measure_on_a_dense_model_has_no_flip_rate(zoo):
     t = quant_lab.measure("tiny-llama", formats=("int8",), prompts=2, n=1, prompt_tokens=8, max_new_tokens=4,
                           progress=False)
     assert math.isnan(t.loc["int8", "flip_rate"]) and "| — |" in quant_lab.markdown([t])
+    bf16 = quant_lab.measure("tiny-llama", formats=("int8",), prompts=2, n=1, prompt_tokens=8, max_new_tokens=4,
+                             trainer_dtype="bfloat16", progress=False)
+    assert bf16.attrs["trainer"] == "hf:bfloat16" and t.attrs["trainer"] == "hf:float32"
+    assert bf16.loc["int8", "abs_dlogp_mean"] != t.loc["int8", "abs_dlogp_mean"]  # another trainer scored
 
 
 @pytest.mark.slow
@@ -54,3 +58,6 @@ def test_depth_comparison_runs_on_the_deep_moe(zoo):
     assert row["R3_factor_mean"] == pytest.approx(row["mean_no_replay"] / row["mean_R3"])
     assert row["flip_rate"] == pytest.approx(float(flips.mean().iloc[0]))
     assert isinstance(routing_lab.depth_figure(summary, flips), Figure) and isinstance(summary, pd.DataFrame)
+    bf16, _ = routing_lab.depth_comparison(models=("tiny-moe-deep",), weights=("none",), prompts=2, n=1,
+                                           max_new_tokens=4, trainer_dtype="bfloat16", progress=False)
+    assert bf16.loc[("tiny-moe-deep", "bf16"), "mean_no_replay"] != row["mean_no_replay"]  # another trainer scored
