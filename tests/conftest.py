@@ -32,9 +32,11 @@ if not torch.cuda.is_available():
 REPO = Path(__file__).resolve().parent.parent
 
 
-FIRST = ("tests/minirl/scale_out/test_ray_mode.py", "tests/test_notebooks.py", "tests/test_gpu_check.py")
+FIRST = ("tests/minirl/scale_out/test_ray_mode.py", "tests/minirl/scale_out/test_ray_lifecycle.py",
+         "tests/test_notebooks.py", "tests/test_gpu_check.py")
 """The longest-running files, collected first so that the two xdist workers finish together (longest
-job first); measured with ``--durations`` in docs/measurements/2026-11-26-make-test.md."""
+job first); measured with ``--durations`` in docs/measurements/2026-11-26-make-test.md (the Ray
+lifecycle file, ~100 s for its two tests on 2026-12-02, was collected in place and could start last)."""
 SPREAD = "tests/test_notebooks.py::test_notebook_executes["
 """Tests that xdist may place one by one: each notebook run is independent, and together they take
 as long as the rest of a worker's share."""
