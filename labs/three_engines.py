@@ -139,8 +139,10 @@ def sentence(result: ThreeEngines) -> str:
     models = []
     for e, r in s.drop([e for e in s.index if e.startswith("minirl")]).iterrows():
         how = modelled(r.fingerprint_distance, r.dlogprob_mean)
+        start = f" (the unexplained gap starts at `{r.gap_start}`)" if r.gap_start else ""
         models.append(f"`{e}`: the closest minirl setting ({r.knobs_found}) stays {r.fingerprint_distance:.2g} "
-                      f"nats/token away, {r.fingerprint_distance / r.dlogprob_mean:.0%} of its own gap, so minirl {how}" + (f" (the unexplained gap starts at `{r.gap_start}`)" if r.gap_start else ""))
+                      f"nats/token away, {r.fingerprint_distance / r.dlogprob_mean:.0%} of its own gap, "
+                      f"so minirl {how}{start}")
     return (closest(result) + ". First divergence: " + first + "."
             + ("" if not models else " " + "; ".join(models) + "."))
 
