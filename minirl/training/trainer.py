@@ -93,7 +93,8 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.master.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
                                      fused=True)  # one kernel per step, not a loop over tensors (CPU and CUDA)
         if engine is None:
-            engine = build_engine(c.engine, self.model_path, c.engine_dtype, self.device, rollouts=True)
+            with quiet(c.progress):  # vLLM's / SGLang's checkpoint-loading bars follow progress too
+                engine = build_engine(c.engine, self.model_path, c.engine_dtype, self.device, rollouts=True)
         if c.router_replay == "r3" and not getattr(engine, "returns_routed_experts", True):
             raise ValueError(f"router_replay='r3' replays the rollout engine's routed experts, and "
                              f"{type(engine).__name__} returns none; use router_replay: r2 (record in the "

@@ -54,10 +54,13 @@ def test_seeded_rollouts_beyond_one_steps_token_budget(vllm_llm):
     assert [o.token_ids for o in first] == [o.token_ids for o in again]  # the seed still decides
 
 
-def test_short_rl_run_with_vllm_rollouts_raises_reward(zoo, tmp_path):
-    """``engine: vllm`` in the config: the spec reaches VllmRollouts through build_engine."""
+def test_short_rl_run_with_vllm_rollouts_raises_reward(zoo, tmp_path, capfd):
+    """``engine: vllm`` in the config: the spec reaches VllmRollouts through build_engine, and with
+    ``progress: false`` vLLM's checkpoint-loading bar is not drawn (it was: the engine was built
+    outside the trainer's ``quiet``)."""
     cfg = config(str(zoo("tiny-qwen3-moe")), tmp_path, engine="vllm,max_model_len=256")
     rewards = [r["reward"] for r in train(cfg).rows]
+    assert "Loading safetensors checkpoint shards" not in capfd.readouterr().err
     before, after = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(f"\nvLLM rollouts: reward first 3 steps {before:.3f} -> last 3 steps {after:.3f}: {rewards}")
     assert after > before + 0.05
