@@ -27,7 +27,7 @@ ARMS = ("none", "tis", "icepop")  # TrainConfig.correction of each arm
 SEEDS = {"none": (0, 1), "tis": (0,), "icepop": (0, 1)}  # full size: two seeds where the paper's claim is
 SMALL = dict(model="tiny-qwen3-moe", task="arithmetic", task_kwargs={"digits": 1}, sft_steps=100, n_train=64,
              n_eval=4, prompts_per_step=2, group_size=4, max_new_tokens=6, lr=1e-3, steps=2, eval_every=0,
-             monitor_every=0, checkpoint_every=0, micro_batch_size=2)
+             monitor_every=0, checkpoint_every=2, micro_batch_size=2)
 """``small``: the tiny MoE after its cached 100-step SFT, one seed per arm, 2 steps."""
 COLORS = {"none": "#c0392b", "tis": "#f39c12", "icepop": "#2c7fb8"}
 RULE = ("collapsed: the mean reward of the last tenth of the steps is below half the peak of the reward "
@@ -48,16 +48,25 @@ def config(small: bool = False, **changes: object):  # noqa: ANN201 - a TrainCon
 
 def train_arms(small: bool = False, out_dir: str | None = None) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
     """One run per (arm, seed) -> (every per-step metric as [arm, seed, step] variables, NaN for a
-    seed an arm did not run; each run's full log, monitor readings included, by ``<arm>_seed<s>``)."""
+    seed an arm did not run; each run's full log, monitor readings included, by ``<arm>_seed<s>``).
+
+    Each run lives in ``<out_dir>/<arm>_seed<s>`` (full size: the config's ``out_dir``, ``runs/collapse``)
+    and is *resumed* from its checkpoint when one is there: the five runs take hours, so a killed
+    entry continues where its last checkpoint (every 20 steps) left it, a finished run is read back
+    (one final evaluation, no step retrained), and arms may be run one by one with ``mlab train
+    --config configs/collapse.yaml --set correction=ARM --set seed=S --set out_dir=runs/collapse/ARM_seedS``
+    (on other cores or machines) and collected here. ``small`` starts in a fresh temporary folder."""
     import minirl
     from minirl.training import run_log
 
-    root = Path(out_dir or tempfile.mkdtemp(prefix="collapse_lab_"))
+    root = Path(out_dir or (tempfile.mkdtemp(prefix="collapse_lab_") if small else config().out_dir))
     curves, logs = {}, {}
     for arm in ARMS:
         for seed in SEEDS[arm][:1] if small else SEEDS[arm]:
             name = f"{arm}_seed{seed}"
-            result = minirl.train(config(small, correction=arm, seed=seed, out_dir=str(root / name)))
+            run = root / name
+            result = minirl.train(config(small, correction=arm, seed=seed, out_dir=str(run)),
+                                  resume=(run / "checkpoint").is_dir())
             curves[(arm, seed)] = run_log.to_dataset(result.rows).swap_dims(row="step")
             logs[name] = run_log.load(result.log_path)
     seeds = sorted({s for _, s in curves})

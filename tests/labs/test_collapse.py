@@ -68,3 +68,20 @@ def test_collapse_entry_runs_small(tmp_path):
     for var in ("grad_norm_max", "icepop_band_out", "abs_dprob_mean", "abs_dprob_max"):
         assert np.isfinite(ds[var].values).all(), var  # every arm logs them, whatever its correction
     assert pd.Series(ds["frac_masked"].sel(arm="none").values.ravel()).eq(0).all()
+
+
+def test_a_killed_entry_continues_each_arm_from_its_checkpoint(tmp_path, monkeypatch):
+    """The full entry takes hours: a second call on the same folder resumes every arm (here: the
+    first call stopped after 1 step, the second continues to 2), it does not start them again."""
+    from minirl.training import run_log
+
+    monkeypatch.setitem(collapse_lab.SMALL, "steps", 1)
+    first, _ = collapse_lab.train_arms(small=True, out_dir=str(tmp_path))
+    assert first.sizes["step"] == 1
+    monkeypatch.setitem(collapse_lab.SMALL, "steps", 2)
+    ds, logs = collapse_lab.train_arms(small=True, out_dir=str(tmp_path))
+    assert ds.sizes["step"] == 2 and np.isfinite(ds["reward"].values).all()
+    for arm in collapse_lab.ARMS:
+        notes = [e["event"] for e in run_log.events(logs[f"{arm}_seed0"])]
+        assert any("steps changed on resume at step 1: 1 -> 2" in n for n in notes), notes
+        np.testing.assert_array_equal(ds["reward"].sel(arm=arm, step=0).values, first["reward"].sel(arm=arm, step=0).values)
