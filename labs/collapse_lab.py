@@ -37,13 +37,14 @@ RULE = ("collapsed: the mean reward of the last tenth of the steps is below half
 
 
 def config(small: bool = False, **changes: object):  # noqa: ANN201 - a TrainConfig (imported lazily)
-    """``configs/collapse.yaml`` (``small``: with ``SMALL``'s sizes), on the zoo model it names."""
+    """``configs/collapse.yaml`` (``small``: with ``SMALL``'s sizes, no bars), on the zoo model it names."""
     from labs import zoo
     from minirl.training.train_config import TrainConfig
 
     sizes = dict(SMALL) if small else {}
     model = str(zoo.build(sizes.pop("model", "smollm2-135m")))
-    return dataclasses.replace(TrainConfig.from_yaml(CONFIG), model=model, progress=False, **sizes, **changes)
+    # full size: each arm's step bar ("minirl train icepop_seed0 37/200") is the only sign of life in an hours-long entry
+    return dataclasses.replace(TrainConfig.from_yaml(CONFIG), model=model, progress=not small, **sizes, **changes)
 
 
 def train_arms(small: bool = False, out_dir: str | None = None) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:

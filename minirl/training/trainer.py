@@ -144,7 +144,7 @@ class Trainer:
 
     def _loop(self, first: int) -> None:
         life = self.life
-        bar = tqdm(range(first, self.cfg.steps), desc="minirl train", unit="step", disable=not self.cfg.progress,
+        bar = tqdm(range(first, self.cfg.steps), desc=f"minirl train {self.out.name}", unit="step", disable=not self.cfg.progress,
                    initial=first, total=self.cfg.steps)
         for step in bar:
             held_out = self.held_out() if life.evaluation_due(step) else {}  # before the step's update

@@ -56,6 +56,14 @@ def test_full_size_is_the_issues_setup():
     assert len(collapse_lab.SEEDS["none"]) >= 2 and len(collapse_lab.SEEDS["icepop"]) >= 2
 
 
+def test_full_size_draws_each_arms_step_bar_and_small_draws_none(monkeypatch):
+    """The entry runs inside the runner's quiet block; at full size each arm's bar is its only sign of life."""
+    from labs import zoo
+
+    monkeypatch.setattr(zoo, "build", lambda name: f"/models/{name}")
+    assert collapse_lab.config().progress and not collapse_lab.config(small=True).progress
+
+
 def test_collapse_entry_runs_small(tmp_path):
     assert reproduce.main(["--small", "--only", "collapse", "--out", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "collapse" / "summary.json").read_text())

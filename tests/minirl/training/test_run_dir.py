@@ -167,3 +167,10 @@ def test_unknown_engine_is_refused_before_any_model_loads(mlab_train, tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="not a minirl preset"):
         TrainConfig(engine="minirl:typo")
+
+
+def test_the_step_bar_names_the_run(mlab_train, tmp_path):
+    """A long entry trains several runs one after another (the collapse entry: five arms, hours); a
+    bar reading "minirl train 37/200" does not say which of them is at step 37."""
+    code, err = mlab_train(tmp_path / "icepop_seed1", progress=True)
+    assert code == 0 and "minirl train icepop_seed1: 100%" in err
