@@ -29,6 +29,8 @@ SMALL = dict(model="tiny-qwen3-moe", task="arithmetic", task_kwargs={"digits": 1
              n_eval=4, prompts_per_step=2, group_size=4, max_new_tokens=6, lr=1e-3, steps=2, eval_every=0,
              monitor_every=0, checkpoint_every=2, micro_batch_size=2)
 """``small``: the tiny MoE after its cached 100-step SFT, one seed per arm, 2 steps."""
+MEASURED = Path(__file__).resolve().parent.parent / "docs" / "measurements" / "collapse.nc"
+"""The full-size entry's per-step curves as measured here (``read_arms``, the page beside it says when and how)."""
 COLORS = {"none": "#c0392b", "tis": "#f39c12", "icepop": "#2c7fb8"}
 RULE = ("collapsed: the mean reward of the last tenth of the steps is below half the peak of the reward "
         "curve smoothed over a twentieth of the steps, or the gradient norm (the step's largest minibatch) "
@@ -43,13 +45,12 @@ def config(small: bool = False, **changes: object):  # noqa: ANN201 - a TrainCon
 
     sizes = dict(SMALL) if small else {}
     model = str(zoo.build(sizes.pop("model", "smollm2-135m")))
-    # full size: each arm's step bar ("minirl train icepop_seed0 37/200") is the only sign of life in an hours-long entry
+    # full size: each arm's step bar ("minirl train icepop_seed0 37/200") is an hours-long entry's sign of life
     return dataclasses.replace(TrainConfig.from_yaml(CONFIG), model=model, progress=not small, **sizes, **changes)
 
 
 def train_arms(small: bool = False, out_dir: str | None = None) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
-    """One run per (arm, seed) -> (every per-step metric as [arm, seed, step] variables, NaN for a
-    seed an arm did not run; each run's full log, monitor readings included, by ``<arm>_seed<s>``).
+    """One run per (arm, seed), then ``read_arms`` of their folder.
 
     Each run lives in ``<out_dir>/<arm>_seed<s>`` (full size: the config's ``out_dir``, ``runs/collapse``)
     and is *resumed* from its checkpoint when one is there: the five runs take hours, so a killed
@@ -58,22 +59,40 @@ def train_arms(small: bool = False, out_dir: str | None = None) -> tuple[xr.Data
     --config configs/collapse.yaml --set correction=ARM --set seed=S --set out_dir=runs/collapse/ARM_seedS``
     (on other cores or machines) and collected here. ``small`` starts in a fresh temporary folder."""
     import minirl
-    from minirl.training import run_log
 
     root = Path(out_dir or (tempfile.mkdtemp(prefix="collapse_lab_") if small else config().out_dir))
-    curves, logs = {}, {}
     for arm in ARMS:
         for seed in SEEDS[arm][:1] if small else SEEDS[arm]:
-            name = f"{arm}_seed{seed}"
-            run = root / name
-            result = minirl.train(config(small, correction=arm, seed=seed, out_dir=str(run)),
-                                  resume=(run / "checkpoint").is_dir())
-            curves[(arm, seed)] = run_log.to_dataset(result.rows).swap_dims(row="step")
-            logs[name] = run_log.load(result.log_path)
-    seeds = sorted({s for _, s in curves})
-    ds = xr.concat([xr.concat([curves.get((a, s), xr.Dataset()) for s in seeds], pd.Index(seeds, name="seed"),
+            run = root / f"{arm}_seed{seed}"
+            cfg = config(small, correction=arm, seed=seed, out_dir=str(run))
+            minirl.train(cfg, resume=(run / "checkpoint").is_dir())
+    return read_arms(root)
+
+
+def read_arms(root: str | Path) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
+    """The runs under ``root`` as they stand, nothing trained -> (every per-step metric as [arm, seed,
+    step] variables, NaN where a run has no value: a seed an arm did not run, the steps an unfinished
+    run has not reached; each run's full log, monitor readings included, by ``<arm>_seed<s>``).
+
+    Why apart from ``train_arms``: the entry takes hours, so its arms are often mid-way; this looks at
+    them (``verdict``, ``figure``) without resuming any. The attributes say what ran (the first run's
+    ``config.yaml``)."""
+    from minirl.training import run_log
+    from minirl.training.train_config import TrainConfig
+
+    root = Path(root)
+    names = [name for name in (f"{arm}_seed{seed}" for arm in ARMS for seed in SEEDS[arm])
+             if (root / name / "metrics.nc").is_file()]
+    if not names:
+        raise FileNotFoundError(f"no collapse run under {root} (looked for <arm>_seed<s>/metrics.nc, arms {ARMS}); "
+                                "run `python -m labs.reproduce --only collapse` or one arm with `mlab train`")
+    logs = {name: run_log.load(root / name / "metrics.nc") for name in names}
+    per_step = {name: [v for v in log.data_vars if log[v].dims == ("row",)] for name, log in logs.items()}
+    curves = {tuple(name.split("_seed")): log[per_step[name]].swap_dims(row="step") for name, log in logs.items()}
+    seeds = sorted({int(s) for _, s in curves})
+    ds = xr.concat([xr.concat([curves.get((a, str(s)), xr.Dataset()) for s in seeds], pd.Index(seeds, name="seed"),
                               join="outer") for a in ARMS], pd.Index(list(ARMS), name="arm"), join="outer")
-    cfg = config(small)
+    cfg = TrainConfig.from_yaml(root / names[0] / "config.yaml")
     ds.attrs = {"model": Path(cfg.model).name, "engine": cfg.engine, "trainer_dtype": cfg.trainer_dtype,
                 "task": cfg.task, "steps": cfg.steps, "out_dir": str(root)}  # one run directory each, for `mlab plot`
     return ds, logs
@@ -85,7 +104,8 @@ def smooth_window(steps: int) -> int:
 
 
 def verdict(ds: xr.Dataset) -> pd.DataFrame:
-    """``RULE`` per (arm, seed) that ran: the numbers it reads and ``collapsed``."""
+    """``RULE`` per (arm, seed) that ran: the numbers it reads and ``collapsed``; ``steps_planned`` (the
+    config's, ``ds.attrs["steps"]``) beside ``steps`` says which runs are unfinished (``read_arms``)."""
     from minirl.training.plot import smoothed
 
     rows = []
@@ -104,7 +124,8 @@ def verdict(ds: xr.Dataset) -> pd.DataFrame:
             median = float(np.median(grad)) if grad.size else math.nan
             spike = float(grad.max() / median) if grad.size else math.nan
             dprob = run["abs_dprob_max"].values[:n]
-            rows.append({"arm": str(arm), "seed": int(seed), "steps": n, "reward_peak_smoothed": peak,
+            rows.append({"arm": str(arm), "seed": int(seed), "steps": n,
+                         "steps_planned": int(ds.attrs.get("steps", n)), "reward_peak_smoothed": peak,
                          "reward_last_tenth": last, "grad_norm_median": median, "grad_spike_x_median": spike,
                          "abs_dprob_max_first": float(dprob[0]), "abs_dprob_max_last": float(dprob[-1]),
                          "collapsed": bool((peak > 0 and last < 0.5 * peak) or spike > 10)})
@@ -112,14 +133,19 @@ def verdict(ds: xr.Dataset) -> pd.DataFrame:
 
 
 def sentence(table: pd.DataFrame) -> str:
-    """The verdict in words, every number from ``table``, and whether Ring-1T's pattern showed."""
+    """The verdict in words, every number from ``table``, whether Ring-1T's pattern showed, and which
+    runs are unfinished (a verdict over 28 of 200 steps must say so)."""
     parts = []
     for arm, runs in table.groupby(level="arm", sort=False):
         k, n = int(runs["collapsed"].sum()), len(runs)
+        short = runs["steps"] < runs["steps_planned"]
+        unfinished = (f"; unfinished: {_span(runs['steps'], '.0f')} of {int(runs['steps_planned'].max())} steps"
+                      if short.any() else "")
         parts.append(f"{arm}: collapsed in {k} of {n} seed{'s' if n > 1 else ''} (last tenth's reward "
                      f"{_span(runs['reward_last_tenth'])} vs smoothed peak {_span(runs['reward_peak_smoothed'])}; "
                      f"largest grad norm {_span(runs['grad_spike_x_median'], '.3g')}x its median; max |Δp| "
-                     f"{_span(runs['abs_dprob_max_first'], '.3g')} -> {_span(runs['abs_dprob_max_last'], '.3g')})")
+                     f"{_span(runs['abs_dprob_max_first'], '.3g')} -> {_span(runs['abs_dprob_max_last'], '.3g')}"
+                     f"{unfinished})")
     arms = table["collapsed"].groupby(level="arm").mean()
     paper = arms.get("none", 0) > 0 and arms.get("icepop", 1) == 0 and arms.get("tis", 1) == 0
     if paper:
@@ -128,7 +154,8 @@ def sentence(table: pd.DataFrame) -> str:
         head = "No arm collapses (Ring-1T's uncorrected collapse does not show at this size)"
     else:
         head = "Arms collapse, but not as Ring-1T's pattern (uncorrected only)"
-    return f"{head}. " + "; ".join(parts) + f". Rule: {RULE}."
+    so_far = "So far, with unfinished runs: " if (table["steps"] < table["steps_planned"]).any() else ""
+    return f"{so_far}{head}. " + "; ".join(parts) + f". Rule: {RULE}."
 
 
 def figure(ds: xr.Dataset) -> Figure:

@@ -41,6 +41,20 @@ def test_the_verdict_follows_its_rule():
     assert collapse_lab.RULE in text
 
 
+def test_a_verdict_over_unfinished_runs_says_so():
+    rising = np.minimum(np.arange(200) / 100, 1.0) * 0.6
+    ds = _curves(none=(rising, np.ones(200)), tis=(rising, np.ones(200)), icepop=(rising, np.ones(200)))
+    ds["reward"][dict(arm=1, step=slice(120, None))] = np.nan  # tis stopped after 120 steps
+    ds.attrs["steps"] = 200
+    table = collapse_lab.verdict(ds)
+    assert table["steps"].tolist() == [200, 120, 200] and table["steps_planned"].tolist() == [200] * 3
+    text = collapse_lab.sentence(table)
+    assert text.startswith("So far, with unfinished runs: No arm collapses")
+    assert "unfinished: 120 of 200 steps" in text and text.count("unfinished:") == 1
+    ds["reward"][dict(arm=1)] = rising
+    assert "unfinished" not in collapse_lab.sentence(collapse_lab.verdict(ds))
+
+
 def test_smoothed_is_a_trailing_mean_of_the_finite_values():
     v = np.array([1.0, np.nan, 3.0, 5.0, np.nan, np.nan, np.nan])
     np.testing.assert_allclose(smoothed(v, 2), [1.0, 1.0, 3.0, 4.0, 5.0, np.nan, np.nan])
@@ -86,10 +100,29 @@ def test_a_killed_entry_continues_each_arm_from_its_checkpoint(tmp_path, monkeyp
     monkeypatch.setitem(collapse_lab.SMALL, "steps", 1)
     first, _ = collapse_lab.train_arms(small=True, out_dir=str(tmp_path))
     assert first.sizes["step"] == 1
+    _reads_an_unfinished_entry_without_training(tmp_path, first)
     monkeypatch.setitem(collapse_lab.SMALL, "steps", 2)
     ds, logs = collapse_lab.train_arms(small=True, out_dir=str(tmp_path))
     assert ds.sizes["step"] == 2 and np.isfinite(ds["reward"].values).all()
     for arm in collapse_lab.ARMS:
         notes = [e["event"] for e in run_log.events(logs[f"{arm}_seed0"])]
         assert any("steps changed on resume at step 1: 1 -> 2" in n for n in notes), notes
-        np.testing.assert_array_equal(ds["reward"].sel(arm=arm, step=0).values, first["reward"].sel(arm=arm, step=0).values)
+        step0 = dict(arm=arm, step=0)
+        np.testing.assert_array_equal(ds["reward"].sel(step0).values, first["reward"].sel(step0).values)
+
+
+def _reads_an_unfinished_entry_without_training(root, trained):
+    """``read_arms``: an entry with one arm of three looked at mid-way, nothing resumed."""
+    import shutil
+
+    partial = root / "partial"
+    shutil.copytree(root / "none_seed0", partial / "none_seed0")
+    before = sorted(p.name for p in (partial / "none_seed0").iterdir())
+    ds, logs = collapse_lab.read_arms(partial)
+    assert list(logs) == ["none_seed0"] and sorted(p.name for p in (partial / "none_seed0").iterdir()) == before
+    np.testing.assert_array_equal(ds["reward"].sel(arm="none").values, trained["reward"].sel(arm="none").values)
+    assert np.isnan(ds["reward"].sel(arm=["tis", "icepop"]).values).all()
+    assert collapse_lab.verdict(ds).index.tolist() == [("none", 0)]
+    assert ds.attrs["model"] == "tiny-qwen3-moe-seed0" and ds.attrs["steps"] == 1
+    with pytest.raises(FileNotFoundError, match="no collapse run under .*labs.reproduce --only collapse"):
+        collapse_lab.read_arms(root / "nothing")
