@@ -81,21 +81,25 @@ def read_arms(root: str | Path) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
     from minirl.training.train_config import TrainConfig
 
     root = Path(root)
-    names = [name for name in (f"{arm}_seed{seed}" for arm in ARMS for seed in SEEDS[arm])
-             if (root / name / "metrics.nc").is_file()]
-    if not names:
+    runs = {(arm, seed): root / f"{arm}_seed{seed}" for arm in ARMS for seed in SEEDS[arm]
+            if (root / f"{arm}_seed{seed}" / "metrics.nc").is_file()}
+    if not runs:
         raise FileNotFoundError(f"no collapse run under {root} (looked for <arm>_seed<s>/metrics.nc, arms {ARMS}); "
                                 "run `python -m labs.reproduce --only collapse` or one arm with `mlab train`")
-    logs = {name: run_log.load(root / name / "metrics.nc") for name in names}
-    per_step = {name: [v for v in log.data_vars if log[v].dims == ("row",)] for name, log in logs.items()}
-    curves = {tuple(name.split("_seed")): log[per_step[name]].swap_dims(row="step") for name, log in logs.items()}
-    seeds = sorted({int(s) for _, s in curves})
-    ds = xr.concat([xr.concat([curves.get((a, str(s)), xr.Dataset()) for s in seeds], pd.Index(seeds, name="seed"),
+    logs = {run.name: run_log.load(run / "metrics.nc") for run in runs.values()}
+    curves = {key: _per_step(logs[run.name]) for key, run in runs.items()}
+    seeds = sorted({s for _, s in curves})
+    ds = xr.concat([xr.concat([curves.get((a, s), xr.Dataset()) for s in seeds], pd.Index(seeds, name="seed"),
                               join="outer") for a in ARMS], pd.Index(list(ARMS), name="arm"), join="outer")
-    cfg = TrainConfig.from_yaml(root / names[0] / "config.yaml")
+    cfg = TrainConfig.from_yaml(next(iter(runs.values())) / "config.yaml")
     ds.attrs = {"model": Path(cfg.model).name, "engine": cfg.engine, "trainer_dtype": cfg.trainer_dtype,
                 "task": cfg.task, "steps": cfg.steps, "out_dir": str(root)}  # one run directory each, for `mlab plot`
     return ds, logs
+
+
+def _per_step(log: xr.Dataset) -> xr.Dataset:
+    """A run log's per-step rows, by step (its monitor readings, on their own dims, stay in the log)."""
+    return log[[v for v in log.data_vars if log[v].dims == ("row",)]].swap_dims(row="step")
 
 
 def smooth_window(steps: int) -> int:

@@ -144,8 +144,8 @@ class Trainer:
 
     def _loop(self, first: int) -> None:
         life = self.life
-        bar = tqdm(range(first, self.cfg.steps), desc=f"minirl train {self.out.name}", unit="step", disable=not self.cfg.progress,
-                   initial=first, total=self.cfg.steps)
+        bar = tqdm(range(first, self.cfg.steps), desc=f"minirl train {self.out.name}", unit="step",
+                   disable=not self.cfg.progress, initial=first, total=self.cfg.steps)
         for step in bar:
             held_out = self.held_out() if life.evaluation_due(step) else {}  # before the step's update
             metrics = self.train_step(step)
