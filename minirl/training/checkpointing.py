@@ -91,16 +91,25 @@ def recover(path: str | os.PathLike) -> Path:
     return path
 
 
-def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Restore model, optimizer and RNG states in place; return ``state`` as saved. Every file is
-    checked before anything is changed where that is cheap (state.json, tensors' finiteness)."""
+def read_state(path: str | os.PathLike) -> dict:
+    """The checkpoint's ``state.json`` (step, metric rows, the config it was trained with), read
+    from ``path`` or the ``.old`` copy a crash mid-save left, with nothing loaded or moved: what a
+    resume is refused on before any model loads or worker starts."""
     path = Path(path)
     if not exists(path):
         raise FileNotFoundError(f"no checkpoint at {path} (state.json missing); start without resume")
-    path = recover(path)
-    state = _read(path / "state.json", lambda f: json.loads(f.read_text()))
+    f = (path if path.exists() else _old(path)) / "state.json"
+    state = _read(f, lambda f: json.loads(f.read_text()))
     if not isinstance(state, dict) or not isinstance(state.get("python_random"), list):
-        raise CheckpointError(f"{path / 'state.json'}: not a checkpoint state (a JSON object with python_random)")
+        raise CheckpointError(f"{f}: not a checkpoint state (a JSON object with python_random)")
+    return state
+
+
+def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model, optimizer and RNG states in place; return ``state`` as saved. Every file is
+    checked before anything is changed where that is cheap (state.json, tensors' finiteness)."""
+    state = read_state(path)
+    path = recover(Path(path))
     weights, meta = _read(path / "model.safetensors", _tensors)
     tied = _read(path / "model.safetensors", lambda f: json.loads(meta.get("tied", "{}")))
     flat, _ = _read(path / "optimizer.safetensors", _tensors)

@@ -38,8 +38,8 @@ from typing import Protocol
 
 import yaml
 
-from minirl.training import checkpointing, monitor, monitor_report, plot
-from minirl.training.resume import RunInterrupted, changes
+from minirl.training import checkpointing, monitor, monitor_report, plot, resume
+from minirl.training.resume import RunInterrupted
 from minirl.training.run_dir import EVENTS, RunDir
 from minirl.training.run_log import RunLog
 from minirl.training.train_config import TrainConfig
@@ -168,22 +168,8 @@ class Lifecycle:
         path = self.out / "checkpoint"
         recovered = not path.exists()  # only .checkpoint.old survived a crash mid-save
         state = self.policy.load_checkpoint(path)
-        saved = state.get("config") if isinstance(state.get("config"), dict) else {}
-        step, rows = state.get("step"), state.get("rows")
-        last = saved.get("steps") if isinstance(saved.get("steps"), int) else self.cfg.steps
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= last \
-                or not isinstance(rows, list) or len(rows) != step:
-            raise checkpointing.CheckpointError(
-                f"{path / 'state.json'}: step={step!r} with {len(rows) if isinstance(rows, list) else rows!r} metric "
-                f"rows, but a checkpoint of this run has a step in [0, steps={last}] and one row per step; the file "
-                f"is damaged: restore it from a copy, or start again with --overwrite")
-        if step > self.cfg.steps:
-            raise ValueError(f"steps={self.cfg.steps}, but the checkpoint in {path} is already at step {step}; "
-                             f"set steps >= {step}")
-        identity = state.get("model_identity")
-        same_model = identity == checkpointing.model_identity(self.cfg.model) if identity else \
-            saved.get("model", self.cfg.model) == self.cfg.model
-        applied = changes(saved, self.cfg.to_dict(), same_model)
+        applied = resume.check(self.cfg, state, path)
+        step, rows = state["step"], state["rows"]
         self.policy.resumed(step)
         self.step, self.nan_streak, self.saved_step = step, int(state.get("nan_streak", 0)), step
         self.log = RunLog(self.log.path, rows, state.get("events"), state.get("readings"))

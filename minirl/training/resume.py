@@ -10,12 +10,46 @@ A field added later is refused until it is listed here: the safe default.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from minirl.training import checkpointing
+from minirl.training.train_config import TrainConfig
+
 APPLIED = ("steps", "eval_every", "checkpoint_every", "monitor_every", "max_nan_steps", "progress", "report_to", "device", "out_dir",
            "lr", "weight_decay", "betas", "grad_clip",
            # where ray's workers run and in which order they are served: every sample keeps its seed
            "ray_address", "ray_num_cpus", "rollout_actors", "cpus_per_actor", "connect_timeout_s", "dispatch",
            "draft_tokens", "queue_capacity")
 """keys a resume may change; the others are refused."""
+
+
+def check(config: TrainConfig, state: dict, path: Path) -> dict[str, tuple]:
+    """Refuse resuming ``config`` from the checkpoint at ``path`` whose ``state`` (its state.json)
+    it cannot continue: a damaged step or row count, a step beyond ``config.steps``, a refused
+    change (``changes``); -> ``{key: (saved, current)}`` of the changes it applies."""
+    saved = state.get("config") if isinstance(state.get("config"), dict) else {}
+    step, rows = state.get("step"), state.get("rows")
+    last = saved.get("steps") if isinstance(saved.get("steps"), int) else config.steps
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= last \
+            or not isinstance(rows, list) or len(rows) != step:
+        raise checkpointing.CheckpointError(
+            f"{path / 'state.json'}: step={step!r} with {len(rows) if isinstance(rows, list) else rows!r} metric "
+            f"rows, but a checkpoint of this run has a step in [0, steps={last}] and one row per step; the file "
+            f"is damaged: restore it from a copy, or start again with --overwrite")
+    if step > config.steps:
+        raise ValueError(f"steps={config.steps}, but the checkpoint in {path} is already at step {step}; "
+                         f"set steps >= {step}")
+    identity = state.get("model_identity")
+    same_model = identity == checkpointing.model_identity(config.model) if identity else \
+        saved.get("model", config.model) == config.model
+    return changes(saved, config.to_dict(), same_model)
+
+
+def check_before_loading(config: TrainConfig) -> None:
+    """``check`` on the checkpoint's state.json alone, before any model loads or worker starts: a
+    refused resume in ``mode: ray`` otherwise starts every actor (~12 s on 2 cores) to say no."""
+    path = Path(config.out_dir) / "checkpoint"
+    check(config, checkpointing.read_state(path), path)
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -166,6 +166,24 @@ def test_resume_with_another_model_is_refused(config, finished, tied, tmp_path):
         train(config(finished("moved"), model=str(other)), resume=True)
 
 
+@pytest.mark.parametrize("mode", ["sync", "ray"])
+def test_a_refused_resume_is_refused_before_any_model_loads_or_worker_starts(config, finished, monkeypatch, mode):
+    """The refusal reads the checkpoint's state.json alone: in ``mode: ray`` it used to start every
+    actor first (~12 s on 2 cores), in ``sync`` to load the model and build the engine."""
+    from minirl import driver
+
+    def loads(*args, **kwargs):
+        raise AssertionError("a model loaded or a worker started before the refusal")
+
+    monkeypatch.setattr(driver, "Trainer", loads)
+    monkeypatch.setattr(driver.async_loop, "run", loads)
+    name = finished(f"refused-{mode}")
+    with pytest.raises(ValueError, match=r"--resume would change seed(, mode)? \(seed: 0 -> 5"):
+        train(config(name, steps=3, seed=5, mode=mode), resume=True)
+    with pytest.raises(ValueError, match=r"steps=1, but the checkpoint in .* is already at step 2; set steps >= 2"):
+        train(config(name, steps=1), resume=True)
+
+
 @pytest.mark.parametrize("step", [-5, 10**6, "2"])
 def test_checkpoint_step_outside_the_run_is_refused(config, finished, step):
     name = finished("tampered")
