@@ -18,6 +18,12 @@ prefill included: minirl eager, minirl with CUDA graphs (CUDA only), transformer
 with its dynamic cache and with ``cache_implementation="static"``. The card goal: minirl with
 graphs >= 1.5x transformers' static cache at batch 32 and 256.
 
+Sampler (``--sampler``, ``sampler_table()``): one decode step's sampling of [B, V] logits at T=1 (what a
+step costs beside the forward), minirl's ``sample`` (inverse CDF of one counter-based uniform per
+row) against what one would pick instead: ``torch.multinomial`` on the softmax (one generator, so
+a row's draw depends on its batch) and vLLM's CPU sampler's exponential race
+(``probs / Exp(1)``, argmax), milliseconds per step, best of ``--repeats`` interleaved rounds.
+
 Mismatch (``--mismatch``): for every zoo model, |logprob_minirl - logprob_transformers| on the
 same sampled sequences, for the ``typical_inference`` and ``aligned`` presets (and ``aligned``
 with a bf16 lm_head and router, transformers' own bf16 recipe) in bf16, in prefill (``score``)
@@ -28,6 +34,7 @@ and decode (``generate``'s logprobs), against transformers in bf16 (the bf16 tra
     .venv/bin/python benchmarks/bench_engine.py --mismatch --batch 16 --new-tokens 64
     .venv/bin/python benchmarks/bench_engine.py --decode-table --device cuda --dtype bfloat16
     .venv/bin/python benchmarks/bench_engine.py --decode-table --batches 1,4 --new-tokens 16   # CPU
+    .venv/bin/python benchmarks/bench_engine.py --sampler --repeats 20
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ sys.path.insert(0, str(REPO))
 
 from labs import zoo  # noqa: E402
 from minirl import Engine, Knobs, SamplingParams  # noqa: E402
+from minirl.engine.sampling import sample  # noqa: E402
 
 MISMATCH_MODELS = ("tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral")
 
@@ -250,6 +258,35 @@ def mismatch(args: argparse.Namespace) -> dict[tuple[str, str, str, str], float]
     return out
 
 
+SAMPLER_SHAPES = ((32, 49_152), (256, 49_152), (32, 151_936))
+"""[B, V]: smollm2's vocabulary at the RL batch and a large one, Qwen's vocabulary."""
+
+
+@torch.inference_mode()
+def sampler_table(shapes: tuple[tuple[int, int], ...] = SAMPLER_SHAPES, repeats: int = 20) -> dict[str, float]:
+    """ms per sampling step of fp32 logits [B, V] at T=1: ``{"32x49152 minirl": ..., "32x49152
+    multinomial": ..., "32x49152 exponential race": ...}``; every sampler draws from softmax(z)."""
+    out = {}
+    for b, v in shapes:
+        z = torch.randn(b, v, generator=torch.Generator().manual_seed(0)) * 3  # [B, V]
+        rows, params = torch.arange(b), SamplingParams()
+        times = _best_times({
+            "minirl": lambda: sample(z, params, 0, rows, 0),
+            "multinomial": lambda: torch.multinomial(z.softmax(-1), 1),
+            "exponential race": lambda: z.softmax(-1).div_(torch.empty_like(z).exponential_()).argmax(-1),
+        }, repeats)
+        out.update({f"{b}x{v} {name}": t * 1e3 for name, t in times.items()})
+    return out
+
+
+def print_sampler_table(res: dict[str, float]) -> None:
+    shapes = dict.fromkeys(k.split(" ", 1)[0] for k in res)
+    print(f"{'B x V':>10} {'minirl':>8} {'multinomial':>12} {'exp. race':>10}  minirl / fastest other")
+    for shape in shapes:
+        m, mult, race = (res[f"{shape} {n}"] for n in ("minirl", "multinomial", "exponential race"))
+        print(f"{shape:>10} {m:8.2f} {mult:12.2f} {race:10.2f}  {m / min(mult, race):.2f}x   (ms per step)")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-qwen3-moe")
@@ -265,6 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-vllm", action="store_true", help="leave real vLLM out of the decode timing")
     ap.add_argument("--decode-table", action="store_true",
                     help="greedy decode tok/s: minirl eager/graphs vs transformers dynamic/static cache")
+    ap.add_argument("--sampler", action="store_true", help="ms per sampling step: minirl vs multinomial vs exp. race")
     ap.add_argument("--device", default="cpu", help="--decode-table only: cpu or cuda")
     ap.add_argument("--batches", default="1,32,256", help="--decode-table only: comma-separated batch sizes")
     args = ap.parse_args(argv)
@@ -276,6 +314,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{args.model} {args.dtype} greedy decode on {args.device}, prompt {args.prompt_len}, "
               f"{args.new_tokens} new tokens, best of {args.repeats}")
         print_decode_table(res)
+        return res
+    if args.sampler:
+        res = sampler_table(repeats=args.repeats)
+        print(f"sampling at T=1, {args.threads} CPU thread(s), torch {torch.__version__}, best of {args.repeats}")
+        print_sampler_table(res)
         return res
     return mismatch(args) if args.mismatch else throughput(args)
 

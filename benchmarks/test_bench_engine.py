@@ -73,3 +73,13 @@ def test_decode_table_runs_on_cpu():
     assert sorted(res) == sorted(f"batch {b} {s}" for b in (1, 3) for s in sides)
     assert all(v > 0 for v in res.values())
     print_decode_table(res)
+
+
+def test_minirl_sample(benchmark):
+    """One decode step's sampling at smollm2's vocabulary and the RL batch (bench_engine.py --sampler
+    prints it beside torch.multinomial and vLLM's exponential race)."""
+    from minirl.engine.sampling import sample
+
+    z = torch.randn(32, 49_152, generator=torch.Generator().manual_seed(0))
+    tokens, _, _ = benchmark(sample, z, SamplingParams(), 0, torch.arange(32), 0)
+    assert tokens.shape == (32,) and int(tokens.max()) < 49_152

@@ -1,11 +1,14 @@
 """Sampling parameters and the batched sampler.
 
-Why Gumbel-max with counter-based noise instead of ``torch.multinomial`` with a generator:
-the noise of rollout ``i`` at decode step ``t`` is a pure function of ``(seed, i, t, token)``,
+Why inverse-CDF sampling with counter-based uniforms instead of ``torch.multinomial`` with a
+generator: the uniform of rollout ``i`` at decode step ``t`` is a pure function of ``(seed, i, t)``,
 so a seeded generate is reproducible, a sequence's samples do not depend on which other
-sequences share the batch or finish early, and the whole batch is sampled in a few tensor
-ops (no per-sequence Python loop). ``argmax(z + Gumbel)`` is an exact sample of
-``softmax(z)``.
+sequences share the batch or finish early, and the whole batch is sampled in a few tensor ops
+(no per-sequence Python loop). The token is the first whose cumulative probability reaches
+``u``: an exact sample of ``softmax(z)``, with the cumulative sum in float64 so that a token's
+interval is its fp32 probability to ~1e-16. One draw per row, not one per vocabulary entry:
+the Gumbel-max sampler this replaced hashed a [B, V] int64 tensor every step (40 of 56 ms a step
+at 32 x 49,152 on one core; this one takes ~5 ms, docs/measurements/2026-12-02-sampler.md).
 """
 
 from __future__ import annotations
@@ -86,8 +89,7 @@ def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finalizer on int64 tensors (wrapping arithmetic). In-place on one fresh
-    tensor: the [B, V] temporaries of a decode step are the sampler's main cost."""
+    """splitmix64 finalizer on int64 tensors (wrapping arithmetic), in place on one fresh tensor."""
     x = x + _GOLDEN
     x.bitwise_xor_(_srl(x, 30)).mul_(_M1)
     x.bitwise_xor_(_srl(x, 27)).mul_(_M2)
@@ -96,31 +98,25 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=16)
 def _row_keys(seed: int, rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The step-independent part of the noise key of each row, [B] int64 on ``device``
+    """The step-independent part of the random key of each row, [B] int64 on ``device``
     (read-only). Cached: a generate asks for the same rows every decode step, so each step
     mixes once, not three times, and copies nothing to the device."""
     seeds = torch.full((len(rows),), _i64(seed), dtype=torch.long, device=device)
     return _mix(_mix(seeds) ^ torch.tensor(rows, dtype=torch.long, device=device))
 
 
-def gumbel_noise(seed: int, rows: torch.Tensor, step: int, vocab: int,
-                 device: torch.device = torch.device("cpu")) -> torch.Tensor:
-    """Gumbel(0, 1) noise [B, V] float32 on ``device``, a pure function of (seed, rows[b], step,
-    token) whatever the device (integer mixing is exact everywhere; ``rows`` is read on the host).
-
-    24 random bits per draw: the Gumbel tail is cut at ~17, which changes a token's sampling
-    probability by < 1e-7 relative.
-    """
-    base = _mix(_row_keys(seed, tuple(rows.tolist()), torch.device(device)) ^ step)  # [B]
-    bits = _mix(base[:, None] ^ torch.arange(vocab, dtype=torch.long, device=device)[None, :])  # [B, V]
-    u = _srl(bits, 40).float().add_(0.5).mul_(2.0 ** -24)  # (0, 1), exact in float32
-    return u.log_().neg_().log_().neg_()
+def uniforms(seed: int, rows: torch.Tensor, step: int, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+    """U(0, 1) [B] float64 on ``device``, a pure function of (seed, rows[b], step) whatever the
+    device (integer mixing is exact everywhere; ``rows`` is read on the host): 53 random bits, so
+    every float64 in (0, 1) that a draw can take is equally likely."""
+    bits = _mix(_row_keys(seed, tuple(rows.tolist()), torch.device(device)) ^ step)  # [B]
+    return _srl(bits, 11).double().add_(0.5).mul_(2.0 ** -53)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.Tensor,
            step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """logits [B, V] -> (token ids [B], raw logprobs [B] fp32, processed logprobs [B] or None),
-    on the logits' device; ``rows`` [B] (the rollout ids, seeding the noise) stays on the host.
+    on the logits' device; ``rows`` [B] (the rollout ids, seeding the draws) stays on the host.
 
     Raw = log_softmax of the model's logits (pre temperature/top-k/top-p), what the
     trainer's forward computes; processed = under the distribution actually sampled from.
@@ -142,6 +138,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
         mass_before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
         drop = torch.zeros_like(z, dtype=torch.bool).scatter(1, idx, mass_before >= params.top_p)
         z = z.masked_fill(drop, float("-inf"))
-    tokens = gumbel_noise(seed, rows, step, z.shape[-1], z.device).add_(z).argmax(-1)  # z + noise, in place
+    cdf = z.softmax(-1).double().cumsum_(-1)  # [B, V]; a masked token adds an exact 0, so it is never drawn
+    u = uniforms(seed, rows, step, z.device)[:, None] * cdf[:, -1:]  # [B, 1], scaled by the sum's own rounding
+    tokens = torch.searchsorted(cdf, u)[:, 0].clamp_(max=z.shape[-1] - 1)  # first token with cdf >= u
     processed = z.log_softmax(-1).gather(1, tokens[:, None])[:, 0] if params.return_processed_logprobs else None
     return tokens, raw.gather(1, tokens[:, None])[:, 0], processed

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import torch
 
 from minirl import Knobs, SamplingParams
-from minirl.engine.sampling import sample
+from minirl.engine.sampling import sample, uniforms
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -96,7 +97,7 @@ def test_top_k_1_is_greedy_and_processed_logprobs(engine, prompts):
 
 
 def test_sampler_matches_the_processed_distribution():
-    """Gumbel-max with hashed noise: empirical frequencies equal softmax of the processed logits."""
+    """Inverse-CDF sampling of hashed uniforms: empirical frequencies equal softmax of the processed logits."""
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log()[None].expand(20000, -1)  # 20000 independent rows
     rows = torch.arange(20000)
@@ -112,3 +113,30 @@ def test_sampler_matches_the_processed_distribution():
     tok, _, processed = sample(logits[:1], SamplingParams(top_p=0.7, return_processed_logprobs=True), 9,
                                rows[:1], 0)
     torch.testing.assert_close(processed, (torch.tensor([0.5, 0.3]) / 0.8).log()[tok])
+
+
+def test_each_token_is_the_float64_inverse_cdf_of_its_rows_uniform():
+    """The token is the first whose cumulative probability (float64) reaches the row's uniform,
+    transcribed independently with numpy's cumsum and searchsorted; a uniform depends on (seed,
+    row, step) alone, so a row draws the same token in any batch; a filtered token is never drawn."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4096, 300, generator=g) * 3  # [B, V]: peaked rows and flat ones
+    rows = torch.arange(100, 100 + 4096)
+    tokens, _, _ = sample(logits, SamplingParams(), 7, rows, 3)
+    u = uniforms(7, rows, 3).numpy()
+    cdf = np.cumsum(logits.softmax(-1).double().numpy(), axis=1)
+    reference = [int(np.searchsorted(c, x * c[-1], side="left")) for c, x in zip(cdf, u)]
+    assert tokens.tolist() == reference
+    assert torch.equal(sample(logits[5::7], SamplingParams(), 7, rows[5::7], 3)[0], tokens[5::7])
+    assert not torch.equal(sample(logits, SamplingParams(), 7, rows, 4)[0], tokens)  # another step, other draws
+    top2 = logits.topk(2, dim=-1).indices  # [B, 2]
+    drawn = sample(logits, SamplingParams(top_k=2), 7, rows, 3)[0]
+    assert (drawn[:, None] == top2).any(-1).all()
+
+
+def test_uniforms_are_uniform_and_never_0_or_1():
+    u = uniforms(0, torch.arange(200_000), 0)
+    assert u.dtype == torch.float64 and 0 < u.min() and u.max() < 1
+    counts = torch.histc(u.float(), bins=20, min=0, max=1)
+    assert (counts / 10_000 - 1).abs().max() < 0.04  # 10,000 expected per bin, sd 1 %
+    assert uniforms(0, torch.arange(5), 1).unique().numel() == 5
