@@ -6,6 +6,11 @@ model still answers in a sentence ("The answer is 42."), so the verifier reads t
 of the completion (the GSM8K convention) instead of the first line that ``arithmetic`` reads.
 Operand sizes set the difficulty: SmolLM2-135M is right on ~3 % of 2-digit ± 2-digit problems and
 ~73 % of 1-digit ones (docs/measurements/2026-11-26-real-model-rl.md); RL needs a start in between.
+
+``min_words`` is a length floor: the prompt asks for an explanation of at least that many words, and
+a shorter completion scores 0 however right its number. Without it, RL on this task shrinks the
+completions to the bare number (~9 tokens within 30 steps, docs/measurements/2026-12-02-collapse-arms.md),
+and a train-inference mismatch has nothing to compound over.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class ChatArithmetic:
 
     digits: int = 2
     second_digits: int = 1
+    min_words: int = 0
     name: str = "chat_arithmetic"
 
     def __post_init__(self) -> None:
@@ -34,16 +40,21 @@ class ChatArithmetic:
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 9:
                 raise ValueError(f"chat_arithmetic {key}={value!r}: must be an int in [1, 9]; e.g. "
                                  f"task_kwargs: {{digits: 2, second_digits: 1}}")
+        if not isinstance(self.min_words, int) or isinstance(self.min_words, bool) or not 0 <= self.min_words <= 200:
+            raise ValueError(f"chat_arithmetic min_words={self.min_words!r}: must be an int in [0, 200] (0: no "
+                             f"length floor); e.g. task_kwargs: {{digits: 1, second_digits: 1, min_words: 10}}")
 
     def sample(self, rng: random.Random) -> Problem:
         a, b = _operand(rng, self.digits), _operand(rng, self.second_digits)
+        ask = (f"Explain your answer in at least {self.min_words} words, then give the number." if self.min_words
+               else "Answer with just the number.")
         if rng.random() < 0.5:
-            return Problem(f"What is {a} + {b}? Answer with just the number.", str(a + b), {"value": a + b})
+            return Problem(f"What is {a} + {b}? {ask}", str(a + b), {"value": a + b})
         a, b = max(a, b), min(a, b)
-        return Problem(f"What is {a} - {b}? Answer with just the number.", str(a - b), {"value": a - b})
+        return Problem(f"What is {a} - {b}? {ask}", str(a - b), {"value": a - b})
 
     def verify(self, problem: Problem, completion: str) -> bool:
-        return last_integer(completion) == problem.meta["value"]
+        return len(completion.split()) >= self.min_words and last_integer(completion) == problem.meta["value"]
 
 
 def _operand(rng: random.Random, digits: int) -> int:

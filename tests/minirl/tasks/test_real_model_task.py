@@ -55,6 +55,22 @@ def test_chat_arithmetic_refuses_bad_digits():
         tasks.get("chat_arithmetic", second_digits=True)
 
 
+def test_min_words_asks_for_an_explanation_and_scores_a_shorter_answer_0():
+    task = tasks.get("chat_arithmetic", digits=1, second_digits=1, min_words=10)
+    p = task.sample(random.Random(0))
+    assert p.prompt.endswith("? Explain your answer in at least 10 words, then give the number.")
+    value = p.meta["value"]
+    assert not task.verify(p, f"{value}")  # right, but 1 word
+    assert not task.verify(p, f"The answer is {value}, since counting on gives {value}.")  # 9 words
+    assert task.verify(p, f"The answer is {value}, since counting on from one gives {value}.")  # 10 words
+    assert not task.verify(p, f"Counting on from the first number, one at a time, gives {value + 1}.")  # long, wrong
+    plain = tasks.get("chat_arithmetic", digits=1, second_digits=1)
+    assert plain.sample(random.Random(0)).prompt.endswith("? Answer with just the number.") and plain.verify(p, str(value))
+    for bad in (-1, 2.5, True, 201):
+        with pytest.raises(ValueError, match=rf"min_words={bad!r}: must be an int in \[0, 200\]"):
+            tasks.get("chat_arithmetic", min_words=bad)
+
+
 @pytest.fixture
 def tokenizer(zoo):
     import transformers
