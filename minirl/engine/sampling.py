@@ -8,7 +8,7 @@ sequences share the batch or finish early, and the whole batch is sampled in a f
 ``u``: an exact sample of ``softmax(z)``, with the cumulative sum in float64 so that a token's
 interval is its fp32 probability to ~1e-16. One draw per row, not one per vocabulary entry:
 the Gumbel-max sampler this replaced hashed a [B, V] int64 tensor every step (40 of 56 ms a step
-at 32 x 49,152 on one core; this one takes ~5 ms, docs/measurements/2026-12-02-sampler.md).
+at 32 x 49,152 on one core; this one takes ~11 ms, docs/measurements/2026-12-02-sampler.md).
 """
 
 from __future__ import annotations
