@@ -1,7 +1,7 @@
 # Two commands matter: `make demo` (main job on the built-in tiny model) and `make test`.
 # Each creates .venv on first use from the pinned requirements (CPU torch 2.13.0).
 PY      := .venv/bin/python
-PIP     := .venv/bin/pip install -q --disable-pip-version-check --no-deps --no-compile
+PIP     := .venv/bin/pip install -q --disable-pip-version-check --no-deps --no-compile --no-cache-dir
 STAMP   := .venv/.installed
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
@@ -36,7 +36,19 @@ debs:
 # at a time). No .pyc are compiled up front (that was half of the build): imports write the .pyc of
 # the modules a run really uses, which is why PYTHONDONTWRITEBYTECODE is unexported at the top.
 # Measured in docs/measurements/2026-11-27-make-test.md: about 3 min -> about 1 min.
+# The environment is about 3.8 GB; pip's downloads pass through TMPDIR. --no-cache-dir keeps pip from
+# writing a second copy of every download into ~/.cache (a CI run once died of ENOSPC doing that), and
+# the check below says so up front instead of a pip traceback half-way through.
+VENV_GB := 5
 $(STAMP): requirements.txt requirements-vllm.txt requirements-sglang.txt pyproject.toml
+	@for d in . "$${TMPDIR:-/tmp}"; do \
+		free=$$(df -Pk "$$d" | awk 'NR==2 {print int($$4 / 1048576)}'); \
+		if [ "$$free" -lt $(VENV_GB) ]; then \
+			echo "make venv: $$free GB free on $$(df -P "$$d" | awk 'NR==2 {print $$6}') ($$d); the environment" \
+				"needs about $(VENV_GB) GB. Free space (old clones, runs/, ~/.cache) or set TMPDIR, then rerun."; \
+			exit 1; \
+		fi; \
+	done
 	python3 -m venv .venv
 	{ $(PIP) "torch==2.13.0+cpu" || $(PIP) --index-url $(TORCH_INDEX) "torch==2.13.0+cpu"; } & \
 	grep -hv '^#' requirements.txt $(if $(WITH_VLLM),requirements-vllm.txt requirements-sglang.txt) | grep . | \
