@@ -16,14 +16,21 @@ TORCH_INDEX := https://download.pytorch.org/whl/cpu
 # part of the default environment on Linux x86-64.
 WITH_VLLM := $(shell [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ] && echo 1)
 
+# Every Python a target starts runs on tcmalloc (Debian libtcmalloc-minimal4, installed by `debs`): glibc
+# page-faults each RL step's large tensors in again, 1.3x the smollm2 step (labs/allocator.py,
+# docs/measurements/2026-12-03-allocator.md). Computed when the recipe runs, so after `debs` installed it.
+PRELOAD = env $$($(PY) -m labs.allocator)
+RUN = $(PRELOAD) $(PY)
+
 .PHONY: venv debs demo test test-all lab bench reproduce notebooks clean gpu-check gpu-wheels
 
 venv: $(STAMP)
 
-# Debian packages the tests use: bubblewrap (the tool sandbox's OS boundary, docs/sandbox.md) and
-# chromium + its driver (the browser test of the report). Installed where apt-get exists and we are
-# root (CI, fresh boxes); elsewhere the sandbox says what is missing and the browser test skips.
-DEBS := bubblewrap chromium chromium-driver
+# Debian packages the tests use: bubblewrap (the tool sandbox's OS boundary, docs/sandbox.md),
+# chromium + its driver (the browser test of the report) and tcmalloc (PRELOAD above). Installed
+# where apt-get exists and we are root (CI, fresh boxes); elsewhere the sandbox says what is missing,
+# the browser test skips and glibc's allocator stays.
+DEBS := bubblewrap chromium chromium-driver libtcmalloc-minimal4
 debs:
 	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 		missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -58,7 +65,7 @@ $(STAMP): requirements.txt requirements-vllm.txt requirements-sglang.txt pyproje
 	touch $(STAMP)
 
 demo: debs $(STAMP)
-	$(PY) -m labs.demo
+	$(RUN) -m labs.demo
 
 # Two pytest-xdist workers: the suite runs one torch thread per process (tests/conftest.py), so a
 # second worker uses the second core. tests/conftest.py's scheduler keeps a file on one worker
@@ -67,37 +74,37 @@ demo: debs $(STAMP)
 XDIST := -n 2 --no-loadscope-reorder
 
 test: debs $(STAMP)
-	$(PY) -m pytest -m "not slow" -q $(XDIST) --durations=15
+	$(RUN) -m pytest -m "not slow" -q $(XDIST) --durations=15
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q $(XDIST)
+	$(RUN) -m pytest -q $(XDIST)
 
 # Ratios against baselines measured in the same run (numbers in README.md / docs/*.md).
 bench: $(STAMP)
-	$(PY) -m pytest benchmarks -q --benchmark-enable
-	$(PY) benchmarks/bench_kernels.py
-	$(PY) benchmarks/bench_engine.py
-	$(PY) benchmarks/bench_tracker.py --hidden 1024
-	$(PY) benchmarks/bench_row_hash.py
-	$(PY) benchmarks/bench_compare.py
-	$(PY) benchmarks/bench_gemm_dtypes.py
+	$(RUN) -m pytest benchmarks -q --benchmark-enable
+	$(RUN) benchmarks/bench_kernels.py
+	$(RUN) benchmarks/bench_engine.py
+	$(RUN) benchmarks/bench_tracker.py --hidden 1024
+	$(RUN) benchmarks/bench_row_hash.py
+	$(RUN) benchmarks/bench_compare.py
+	$(RUN) benchmarks/bench_gemm_dtypes.py
 	$(PIP) -c requirements.txt -r requirements-bench.txt
-	$(PY) benchmarks/bench_trl.py
+	$(RUN) benchmarks/bench_trl.py
 
 # Every paper finding at full size: runs/reproduce/<name>/ + one table (paper vs ours). --small: minutes.
 reproduce: $(STAMP)
-	$(PY) -m labs.reproduce
+	$(RUN) -m labs.reproduce
 
 # Executed HTML copies of every notebook at the size JupyterLab runs (SMALL=1: the tests' size), per-cell timeout.
 SMALL ?= 0
 notebooks: $(STAMP)
 	mkdir -p runs/notebooks
-	MLAB_NOTEBOOK_SMALL=$(SMALL) .venv/bin/jupyter nbconvert --to html --execute \
+	MLAB_NOTEBOOK_SMALL=$(SMALL) $(PRELOAD) .venv/bin/jupyter nbconvert --to html --execute \
 		--ExecutePreprocessor.timeout=600 --output-dir runs/notebooks notebooks/*.ipynb
 
 # --allow-root: JupyterLab refuses to start as root without it (containers, CI boxes).
 lab: $(STAMP)
-	.venv/bin/jupyter lab --allow-root notebooks/
+	$(PRELOAD) .venv/bin/jupyter lab --allow-root notebooks/
 
 clean:
 	rm -rf .venv runs .zoo .pytest_cache .benchmarks

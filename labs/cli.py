@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from labs import allocator
+
 SUBCOMMANDS = {"zoo": "labs.cli_zoo", "capture": "aligntools.cli.capture", "diff": "aligntools.cli.diff",
                "check": "aligntools.cli.check", "train": "minirl.cli_train", "plot": "minirl.training.plot"}
 """Subcommand -> the module that registers it. Only the command being run is imported (``mlab zoo
@@ -34,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     Every failure is one line on stderr naming the problem: expected ones (ValueError incl.
     the gates' and CLI's usage errors, OSError incl. a full disk) as their message, anything
     else with its type and a pointer to ``MLAB_DEBUG=1``, which re-raises for the traceback.
+    Started as a program (``argv`` None), it first re-executes itself on tcmalloc (``labs.allocator``).
     """
+    if argv is None:
+        allocator.relaunch()
     args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -38,6 +38,7 @@ import xarray as xr
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
+from labs import allocator
 from minirl.quiet import quiet
 from minirl.training.plot import mean_ci
 
@@ -184,6 +185,8 @@ def train_seeds(cfg, seeds: tuple[int, ...]) -> tuple[xr.Dataset, str]:  # noqa:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # started as a program: on tcmalloc, as every long run should be (labs.allocator)
+        allocator.relaunch()
     ap = argparse.ArgumentParser(prog="python -m labs.reproduce", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="quick sizes (minutes, not tens of minutes)")
