@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from labs import allocator  # noqa: E402
+from labs import allocator, zoo  # noqa: E402
 
 PARTS = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
 WARMUP = 2
@@ -66,9 +66,10 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="checkpoint (default: the smollm2-135m zoo build)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    model = args.model or str(__import__("labs.zoo", fromlist=["build"]).build("smollm2-135m"))
+    model = args.model or str(zoo.build("smollm2-135m"))
     if args.child:
-        return child(args.config, args.steps, model)
+        child(args.config, args.steps, model)
+        return
     if allocator.library() is None:
         raise SystemExit(f"{allocator.LIBRARY} not found: install libtcmalloc-minimal4 (make debs) and rerun")
     order = [w for i in range(args.repeats) for w in (("system", "tcmalloc") if i % 2 == 0 else ("tcmalloc", "system"))]
