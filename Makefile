@@ -84,6 +84,7 @@ bench: $(STAMP)
 	$(RUN) -m pytest benchmarks -q --benchmark-enable
 	$(RUN) benchmarks/bench_kernels.py
 	$(RUN) benchmarks/bench_engine.py
+	$(RUN) benchmarks/bench_prepack.py
 	$(RUN) benchmarks/bench_tracker.py --hidden 1024
 	$(RUN) benchmarks/bench_row_hash.py
 	$(RUN) benchmarks/bench_compare.py

@@ -30,6 +30,7 @@ ROLE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((role, re.compile
 
 FAMILIES: dict[str, str] = {
     "mm": "gemm", "addmm": "gemm", "bmm": "gemm", "baddbmm": "gemm", "_grouped_mm": "gemm", "linear": "gemm",
+    "_linear_pointwise": "gemm",  # oneDNN on a prepacked weight (minirl/engine/prepack.py)
     "_softmax": "softmax", "softmax": "softmax", "_log_softmax": "softmax",
     "_scaled_dot_product_flash_attention_for_cpu": "sdpa", "_scaled_dot_product_flash_attention": "sdpa",
     "_scaled_dot_product_efficient_attention": "sdpa", "_scaled_dot_product_cudnn_attention": "sdpa",

@@ -26,6 +26,7 @@ from minirl.engine.kv_cache import KVCache
 from minirl.engine.knobs import Knobs
 from minirl.engine.moe import MoEConfig, moe_forward
 from minirl.engine.ops import act_mul, resolve_dtype, row_parallel_linear
+from minirl.engine.prepack import PrepackedLinear
 from minirl.engine.quantize import fake_quantize, fake_quantize_activations, unfit
 
 
@@ -91,6 +92,7 @@ class Transformer:
         self.scale = spec.head_dim ** -0.5 if spec.attn_scale is None else spec.attn_scale
         self.w: dict[str, torch.Tensor] = {}
         self.layers: list[LayerWeights] = []
+        self.linear = PrepackedLinear()  # F.linear's bits, each CPU bf16 weight reordered once (prepack.py)
 
     @classmethod
     def quantizes_activations(cls) -> bool:
@@ -131,6 +133,7 @@ class Transformer:
         so captured CUDA graphs stay valid). Rounding runs where the tensor lives and ``copy_``
         goes device to device: a trainer on the GPU syncs without a trip through host memory.
         """
+        self.linear.clear()
         with torch.no_grad():
             if not self.w:
                 self.w = {n: self._rounded(n, t).to(device=self.device, dtype=self._store_dtype(n),
@@ -144,6 +147,7 @@ class Transformer:
     def to(self, device: torch.device) -> None:
         """Move the weights and the RoPE table to ``device`` (tied tensors stay one tensor)."""
         moved: dict[int, torch.Tensor] = {}
+        self.linear.clear()
         self.w = {n: moved.setdefault(id(t), t.to(device)) for n, t in self.w.items()}
         self.layers = [self._layer(i) for i in range(self.spec.n_layers)]
         self.device = device
@@ -254,9 +258,9 @@ class Transformer:
                    down: torch.Tensor, down_bias: torch.Tensor | None, gated: bool = True) -> torch.Tensor:
         """The dense MLP on the fused gate_up (or, not ``gated``, the up projection alone):
         x [N, H] -> [N, H], the activation the checkpoint names in the ``activation`` knob's flavour."""
-        h = F.linear(self._quantize_input(x), gate_up, gate_up_bias)  # [N, 2I] or [N, I]
+        h = self.linear(self._quantize_input(x), gate_up, gate_up_bias)  # [N, 2I] or [N, I]
         act = act_mul(h, self.knobs.activation, self.spec.mlp_act, gated)  # [N, I]
-        return row_parallel_linear(act, down, down_bias, self.knobs.tp, self.act_quant)
+        return row_parallel_linear(act, down, down_bias, self.knobs.tp, self.act_quant, self.linear)
 
     def new_cache(self, rows: int, capacity: int, dtype: torch.dtype) -> KVCache:
         """The decode cache for ``rows`` sequences of up to ``capacity`` tokens, in ``dtype``."""
@@ -266,7 +270,7 @@ class Transformer:
     def _attention(self, x: torch.Tensor, lw: LayerWeights, batch: ForwardBatch, cache: KVCache | None,
                    i: int, emit: Callable | None, p: str) -> torch.Tensor:
         spec, n, h = self.spec, x.shape[0], self.spec.n_heads
-        qkv = F.linear(self._quantize_input(x), lw.qkv, lw.qkv_bias)  # [N, q + 2 kv]
+        qkv = self.linear(self._quantize_input(x), lw.qkv, lw.qkv_bias)  # [N, q + 2 kv]
         qk = qkv[:, : spec.q_size + spec.kv_size].view(n, h + spec.n_kv_heads, spec.head_dim)
         v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.n_kv_heads, spec.head_dim)
         if lw.q_norm is not None and spec.qk_norm_per_head:  # per-head QK-norm (Qwen3, Gemma 3), before RoPE
@@ -289,7 +293,7 @@ class Transformer:
         window = spec.window(i) if self.knobs.sliding_window else None
         o = attention(q, k, v, batch, cache, i, self.knobs.attention, self.scale, window=window,
                       softcap=spec.attn_softcap)  # [N, h*d]
-        return row_parallel_linear(o, lw.o, lw.o_bias, self.knobs.tp, self.act_quant)
+        return row_parallel_linear(o, lw.o, lw.o_bias, self.knobs.tp, self.act_quant, self.linear)
 
     def apply_rope(self, x: torch.Tensor, batch: ForwardBatch, theta: float | None = None) -> torch.Tensor:
         """RoPE of x [N, heads, d] at ``batch.positions`` with the ``rope`` knob's kernel and base
@@ -308,7 +312,7 @@ class Transformer:
     def lm_head(self, y: torch.Tensor) -> torch.Tensor:
         """[N, H] -> logits [N, V] in the lm_head dtype (Ring-linear 5.2.1 LM Head), soft-capped
         where the family caps them (Gemma 2/3: what is softmaxed is ``tanh(l / cap) * cap``)."""
-        logits = F.linear(y.to(self.lm_head_dtype), self.w["lm_head"])
+        logits = self.linear(y.to(self.lm_head_dtype), self.w["lm_head"])
         cap = self.spec.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

@@ -53,14 +53,16 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def row_parallel_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, tp: int,
-                        quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                        quant: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                        linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
     """``x @ w.T (+ bias)`` computed as ``tp`` ranks would: each rank multiplies its slice of
     the input features, and the partial sums are added in rank order in the activation
     dtype (an all-reduce of bf16 partials). Bias is added once, on rank 0, as vLLM's
     RowParallelLinear does. ``quant``: the input quantizer (``Knobs.activations``), applied to
-    each rank's slice, since each rank quantizes the input it holds. ``x``: [N, K], ``w``: [O, K] -> [N, O]."""
+    each rank's slice, since each rank quantizes the input it holds. ``linear``: the GEMM at tp 1
+    (the engine's ``PrepackedLinear``, F.linear's bits). ``x``: [N, K], ``w``: [O, K] -> [N, O]."""
     if tp == 1:
-        return F.linear(x if quant is None else quant(x), w, bias)
+        return linear(x if quant is None else quant(x), w, bias)
     xs, ws = x.chunk(tp, dim=-1), w.chunk(tp, dim=-1)
     if quant is not None:
         xs = tuple(quant(xr) for xr in xs)
