@@ -2,9 +2,9 @@
 
 Why: on CPU, ``F.linear`` hands oneDNN a plain ``[O, K]`` bf16 matrix, and oneDNN reorders it
 into its blocked (AMX / AVX-512-BF16) layout on *every* call. At decode shapes, a few dozen rows,
-that reorder is most of the GEMM: smollm2-135m's ``[32, 576] @ [576, 3072]`` takes 297 us
-through ``F.linear`` and 181 us on a weight packed once; its ``[49152, 576]`` lm_head 7.7 ms vs
-3.3 ms (one thread, docs/measurements/2026-12-03-prepack.md). vLLM's CPU backend packs its
+that reorder is a third to a half of the GEMM: smollm2-135m's ``[32, 576] @ [576, 3072]`` takes
+313 us through ``F.linear`` and 209 us on a weight packed once; its ``[49152, 576]`` lm_head 7.9 ms
+vs 3.9 ms (one thread, docs/measurements/2026-12-03-prepack.md). vLLM's CPU backend packs its
 weights the same way (``onednn_mm``). The product is bitwise ``F.linear``'s: the same oneDNN
 kernel reads the same numbers, only the reorder moves; tests/minirl/engine/test_prepack.py pins
 that over odd and real shapes and row counts, so no knob changes meaning.
