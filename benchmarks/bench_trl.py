@@ -10,7 +10,7 @@ Why: minirl claims to be a *fast* small RL engine; the honest check is a mainstr
 the same work in the same run on the same box. Both get the SFT-warmed zoo Qwen3-MoE, the same
 1-digit arithmetic prompts (same token ids: TRL sees as raw text exactly what minirl's ``encode``
 tokenises, ``bos + prompt`` or the chat template's text), minirl's verifier as reward, 8 prompts
-x 8 samples, <= 8 new tokens (options). ``--model smollm2-135m`` (the real instruct model) runs
+(``--prompts``; configs/real_model_rl.yaml takes 4) x 8 samples, <= 8 new tokens (options). ``--model smollm2-135m`` (the real instruct model) runs
 the issue's step instead: ``chat_arithmetic`` (2-digit ± 1-digit) in its chat template, no SFT warm-up,
 <= 32 new tokens, lr 2e-5;
 temperature 1, lr 1e-3 (tiny model), no KL, no MoE aux loss, 2 AdamW steps per RL step (minirl
@@ -60,17 +60,22 @@ VARIANTS = {"minirl (bfloat16)": dict(engine_dtype="bfloat16"), "minirl (float32
                                   shared_prefix=True),
             "minirl bf16 trainer": dict(engine_dtype="bfloat16", trainer_dtype="bfloat16"),
             "minirl bf16 trainer (fast)": dict(engine_dtype="bfloat16", trainer_dtype="bfloat16",
-                                               trainer_attention="eager", shared_prefix=True)}
+                                               trainer_attention="eager", shared_prefix=True),
+            "minirl fp32, vLLM": dict(engine="vllm", engine_dtype="bfloat16"),
+            "minirl bf16 fast, vLLM": dict(engine="vllm", engine_dtype="bfloat16", trainer_dtype="bfloat16",
+                                           trainer_attention="eager", shared_prefix=True)}
 """minirl's rows: engine dtype, ``fast`` = fp32 rollouts with each prompt prefilled once per group
 plus the trainer's shared-prefix packing (docs/measurements/2026-11-26-real-model-step.md), and
 ``bf16t`` = ``bf16`` with the bf16 mixed-precision trainer (the others train in fp32), ``bf16tf`` = that
-trainer with eager attention and shared-prefix packing."""
+trainer with eager attention and shared-prefix packing; ``vllm32`` / ``vllm16`` = configs/real_model_rl.yaml's
+rollouts (vLLM's CPU build, bf16) under the fp32 trainer it ships with / under ``bf16tf``'s trainer (the
+others roll out on minirl's own engine)."""
 TRL = "TRL GRPOTrainer"
 TRL_BF16 = "TRL bf16=True"
 TRLS = {TRL: False, TRL_BF16: True}
 """TRL's rows -> its ``bf16`` flag."""
 ENGINES = (*VARIANTS, *TRLS)
-SHORT = dict(zip(("bf16", "fp32", "fast", "bf16t", "bf16tf", "trl", "trl16"), ENGINES))
+SHORT = dict(zip(("bf16", "fp32", "fast", "bf16t", "bf16tf", "vllm32", "vllm16", "trl", "trl16"), ENGINES))
 """``--engines`` names."""
 PHASES = ("time_rollout", "time_old_logprobs", "time_update", "time_sync")
 REAL_LR = 2e-5
@@ -88,17 +93,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--task", default="arithmetic", help="a minirl task (arithmetic uses 1 digit)")
     parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per RL step, 8 samples each (even)")
     parser.add_argument("--model", default="tiny-qwen3-moe", help="zoo name (smollm2-135m: the issue's real step)")
     parser.add_argument("--engines", default="bf16,fp32,trl",
-                        help="comma list of bf16, fp32, fast, bf16t, bf16tf (minirl), trl, trl16 (TRL fp32 / "
-                             "bf16=True); at least two")
+                        help="comma list of bf16, fp32, fast, bf16t, bf16tf, vllm32, vllm16 (minirl), trl, trl16 "
+                             "(TRL fp32 / bf16=True); at least two")
     parser.add_argument("--memory-repeats", type=int, default=3,
                         help="fresh processes per peak-memory median (0: skip it)")
     parser.add_argument("--peak-memory", choices=("minirl", "trl"), help=argparse.SUPPRESS)  # child process
     parser.add_argument("--batch", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.prompts < 2 or args.prompts % 2:
+        parser.error(f"--prompts {args.prompts}: an even number >= 2 (each RL step is 2 AdamW steps of half)")
     SETTINGS.update(task=args.task, task_kwargs={"digits": 1} if args.task == "arithmetic" else {},
-                    max_new_tokens=args.max_new_tokens)
+                    max_new_tokens=args.max_new_tokens, prompts_per_step=args.prompts)
     if args.model == "smollm2-135m":
         SETTINGS.update(REAL, lr=REAL_LR)
     engines = tuple(SHORT.get(e.strip(), e.strip()) for e in args.engines.split(","))
@@ -120,12 +128,13 @@ def main() -> None:
         print(f"[{2 * len(engines) + 1}/{2 * len(engines) + 1}] peak update memory: {args.memory_repeats} fresh "
               f"subprocesses each", file=sys.stderr)
         child = [sys.executable, __file__, "--batch", f"{tmp}/batch.pt", "--threads", str(torch.get_num_threads()),
-                 "--task", args.task, "--max-new-tokens", str(args.max_new_tokens), "--model", args.model]
+                 "--task", args.task, "--max-new-tokens", str(args.max_new_tokens), "--model", args.model,
+                 "--prompts", str(args.prompts)]
         mem = {w: statistics.median(json.loads(subprocess.run([*child, "--peak-memory", w], check=True, text=True,
                                                               capture_output=True).stdout.split()[-1])
                                     for _ in range(args.memory_repeats))
                for w in ("minirl", "trl") if args.memory_repeats and (w == "minirl" or set(engines) & set(TRLS))}
-    print(f"\nRL step = {base.name}, {SETTINGS['task']}, 8 prompts x 8 samples, <= {SETTINGS['max_new_tokens']} "
+    print(f"\nRL step = {base.name}, {SETTINGS['task']}, {SETTINGS['prompts_per_step']} prompts x 8 samples, <= {SETTINGS['max_new_tokens']} "
           f"new tokens, 2 AdamW steps; CPU {cpu_name()}, "
           f"{torch.get_num_threads()} torch threads, load average {load[0]:.2f} -> {os.getloadavg()[0]:.2f}; "
           f"median of 2 x {args.steps - 1} steps (blocks {'-'.join(e[:9] for e in engines)} and back, first step "
@@ -141,15 +150,16 @@ def report(rows: dict[str, list[dict]], mem: dict[str, float], repeats: int = 3)
     med = {name: {k: statistics.median(r[k] for r in rs) for k in ("s_step", "length", *PHASES) if k in rs[0]}
            for name, rs in rows.items()}
     ref = next((n for n in (TRL_BF16, TRL) if n in med), next(iter(med)))
-    print(f"{'engine':<20} {'s/step':>7} {'ref/this':>8} {'tok/compl':>9} {'rollout':>8} {'old_lp':>7} {'update':>7}"
+    print(f"{'engine':<26} {'s/step':>7} {'ref/this':>8} {'tok/compl':>9} {'rollout':>8} {'old_lp':>7} {'update':>7}"
           f" {'sync':>6} {'peak update MiB':>16}")
     for name, r in med.items():
         split = " ".join(f"{r[p]:{w}.3f}" for p, w in zip(PHASES, (8, 7, 7, 6))) if PHASES[0] in r else f"{'-':>31}"
         peak = mem.get("trl" if name in TRLS else "minirl", float("nan"))
-        print(f"{name:<20} {r['s_step']:7.3f} {med[ref]['s_step'] / r['s_step']:7.2f}x {r['length']:9.2f} {split} "
+        print(f"{name:<26} {r['s_step']:7.3f} {med[ref]['s_step'] / r['s_step']:7.2f}x {r['length']:9.2f} {split} "
               f"{peak:16.1f}")
     print(f"ref/this: {ref}'s s/step over this row's (> 1: faster). Peak update MiB: peak RSS (VmHWM) growth\n"
-          "over RSS before one update (old logprobs + 2 AdamW steps) on the same 64 sequences (minirl's step-0\n"
+          f"over RSS before one update (old logprobs + 2 AdamW steps) on the same {8 * SETTINGS['prompts_per_step']} "
+          "sequences (minirl's step-0\n"
           f"rollouts; TRL replays them via rollout_func), median of {repeats} fresh processes; engine dtype does not "
           f"enter it.")
 
@@ -191,7 +201,7 @@ def minirl_block(trainer: Trainer, steps: int) -> list[dict]:
 
 def trl_block(model_path: Path, problems: list, steps: int, out: str, bf16: bool = False) -> tuple[list[dict], list]:
     """``steps`` RL steps of a fresh ``GRPOTrainer`` (optimizer steps 2k and 2k+1 share one
-    generation of 64; ``bf16``: its ``bf16=True``); the first is dropped."""
+    generation of ``8 * prompts_per_step``; ``bf16``: its ``bf16=True``); the first is dropped."""
     marks: list[float] = []
 
     class Clock(TrainerCallback):  # global_step is even at an RL step's first begin and at its last end
@@ -210,7 +220,7 @@ def trl_block(model_path: Path, problems: list, steps: int, out: str, bf16: bool
 def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callbacks: list, rollout_func=None,
                 bf16: bool = False):
     """A ``GRPOTrainer`` doing minirl's RL step -> (trainer, per generation (completions, mean
-    tokens), filled by the reward function: the check that a step really scores 64)."""
+    tokens), filled by the reward function: the check that a step really scores all of them)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -225,7 +235,7 @@ def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callback
 
     args = GRPOConfig(output_dir=out, use_cpu=True, report_to="none", save_strategy="no", bf16=bf16,
                       num_generations=8, max_completion_length=SETTINGS["max_new_tokens"], temperature=1.0, beta=0.0, learning_rate=SETTINGS["lr"],
-                      lr_scheduler_type="constant", per_device_train_batch_size=32, gradient_accumulation_steps=1,
+                      lr_scheduler_type="constant", per_device_train_batch_size=4 * SETTINGS["prompts_per_step"], gradient_accumulation_steps=1,
                       steps_per_generation=2, max_steps=2 * steps, epsilon=0.2, epsilon_high=0.28,
                       router_aux_loss_coef=0.0, logging_steps=10**6, seed=0, disable_tqdm=rollout_func is not None)
     torch.manual_seed(0)

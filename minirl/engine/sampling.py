@@ -5,10 +5,14 @@ generator: the uniform of rollout ``i`` at decode step ``t`` is a pure function 
 so a seeded generate is reproducible, a sequence's samples do not depend on which other
 sequences share the batch or finish early, and the whole batch is sampled in a few tensor ops
 (no per-sequence Python loop). The token is the first whose cumulative probability reaches
-``u``: an exact sample of ``softmax(z)``, with the cumulative sum in float64 so that a token's
-interval is its fp32 probability to ~1e-16. One draw per row, not one per vocabulary entry:
-the Gumbel-max sampler this replaced hashed a [B, V] int64 tensor every step (40 of 56 ms a step
-at 32 x 49,152 on one core; this one takes ~11 ms, docs/measurements/2026-12-02-sampler.md).
+``u``: an exact sample of the fp32 probabilities ``exp(log_softmax(z))`` (the log-probabilities
+the engine returns, exponentiated), the cumulative sums in float64 so that a token's interval is
+its fp32 probability to ~1e-16. One draw per row, not one per vocabulary entry: the Gumbel-max
+sampler this replaced hashed a [B, V] int64 tensor every step (40 of 56 ms a step at 32 x 49,152
+on one core, docs/measurements/2026-12-02-sampler.md). The search is two-level (``BLOCK``): a
+float64 sum per block of the vocabulary, then a cumulative sum inside the one block drawn, so a
+step makes one float64 pass over [B, V] instead of a softmax, a float64 copy and a full
+cumulative sum (docs/measurements/2026-12-03-sampler-blocks.md).
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
     Raw = log_softmax of the model's logits (pre temperature/top-k/top-p), what the
     trainer's forward computes; processed = under the distribution actually sampled from.
     """
-    z = logits.float()  # [B, V]
+    z = plain = logits.float()  # [B, V]
     raw = z.log_softmax(-1)
     if params.temperature == 0:
         tokens = z.argmax(-1)
@@ -138,8 +142,33 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
         mass_before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
         drop = torch.zeros_like(z, dtype=torch.bool).scatter(1, idx, mass_before >= params.top_p)
         z = z.masked_fill(drop, float("-inf"))
-    cdf = z.softmax(-1).double().cumsum_(-1)  # [B, V]; a masked token adds an exact 0, so it is never drawn
-    u = uniforms(seed, rows, step, z.device)[:, None] * cdf[:, -1:]  # [B, 1], scaled by the sum's own rounding
-    tokens = torch.searchsorted(cdf, u)[:, 0].clamp_(max=z.shape[-1] - 1)  # first token with cdf >= u
-    processed = z.log_softmax(-1).gather(1, tokens[:, None])[:, 0] if params.return_processed_logprobs else None
+    logp = raw if z is plain else z.log_softmax(-1)  # [B, V] the distribution sampled from
+    tokens = inverse_cdf(logp.exp(), uniforms(seed, rows, step, z.device))  # a masked token weighs an exact 0
+    processed = logp.gather(1, tokens[:, None])[:, 0] if params.return_processed_logprobs else None
     return tokens, raw.gather(1, tokens[:, None])[:, 0], processed
+
+
+BLOCK = 1024
+"""Vocabulary entries per block of the two-level search (``inverse_cdf``): 48 blocks at 49,152."""
+
+
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """weights [B, V] >= 0 fp32 (each row's sum > 0), u [B] float64 in (0, 1) -> per row the first
+    token whose float64 cumulative weight reaches ``u`` times the row's total. A token of weight
+    0 is never returned: the block searched has a positive sum (the first block whose cumulative
+    sum reaches a positive target), and inside it the target is capped at the block's own
+    cumulative total, which the last positive token of the block first reaches."""
+    b, v = weights.shape
+    full = v // BLOCK * BLOCK
+    sums = [weights[:, :full].view(b, -1, BLOCK).sum(-1, dtype=torch.float64)] if full else []  # [B, v // BLOCK]
+    if full < v:
+        sums.append(weights[:, full:].sum(-1, keepdim=True, dtype=torch.float64))  # the short last block
+    ends = torch.cat(sums, dim=1).cumsum_(-1)  # [B, nb] cumulative weight at each block's end
+    target = u[:, None] * ends[:, -1:]  # [B, 1], scaled by the total's own rounding
+    block = torch.searchsorted(ends, target).clamp_(max=ends.shape[1] - 1)  # [B, 1]
+    before = torch.where(block > 0, ends.gather(1, (block - 1).clamp_(min=0)), 0.0)  # [B, 1]
+    cols = block * BLOCK + torch.arange(BLOCK, device=weights.device)  # [B, BLOCK]
+    inside = weights.gather(1, cols.clamp(max=v - 1)).masked_fill_(cols >= v, 0.0)  # [B, BLOCK]
+    cum = inside.double().cumsum_(-1)  # [B, BLOCK]
+    offset = torch.minimum(target - before, cum[:, -1:])  # [B, 1]
+    return cols.gather(1, torch.searchsorted(cum, offset))[:, 0]

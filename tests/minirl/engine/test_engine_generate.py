@@ -6,10 +6,11 @@ import dataclasses
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from minirl import Knobs, SamplingParams
-from minirl.engine.sampling import sample, uniforms
+from minirl.engine.sampling import BLOCK, inverse_cdf, sample, uniforms
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -124,7 +125,7 @@ def test_each_token_is_the_float64_inverse_cdf_of_its_rows_uniform():
     rows = torch.arange(100, 100 + 4096)
     tokens, _, _ = sample(logits, SamplingParams(), 7, rows, 3)
     u = uniforms(7, rows, 3).numpy()
-    cdf = np.cumsum(logits.softmax(-1).double().numpy(), axis=1)
+    cdf = np.cumsum(logits.log_softmax(-1).exp().double().numpy(), axis=1)  # the fp32 probabilities drawn from
     reference = [int(np.searchsorted(c, x * c[-1], side="left")) for c, x in zip(cdf, u)]
     assert tokens.tolist() == reference
     assert torch.equal(sample(logits[5::7], SamplingParams(), 7, rows[5::7], 3)[0], tokens[5::7])
@@ -132,6 +133,39 @@ def test_each_token_is_the_float64_inverse_cdf_of_its_rows_uniform():
     top2 = logits.topk(2, dim=-1).indices  # [B, 2]
     drawn = sample(logits, SamplingParams(top_k=2), 7, rows, 3)[0]
     assert (drawn[:, None] == top2).any(-1).all()
+
+
+@pytest.mark.parametrize("vocab", [1, 300, BLOCK, BLOCK + 1, 2500, 5 * BLOCK])
+def test_the_two_level_search_is_the_flat_inverse_cdf(vocab):
+    """Block sums, then a cumulative sum inside the drawn block: the token of numpy's flat float64
+    cumsum + searchsorted, whatever V is against ``BLOCK`` (a short last block, one token), with
+    whole blocks of weight 0 (top-k's -inf) in the way; no weight-0 token is ever drawn, even for
+    the extreme uniforms."""
+    g = torch.Generator().manual_seed(vocab)
+    weights = (torch.randn(512, vocab, generator=g) * 3).exp()  # [B, V] peaked and flat rows
+    dead = torch.rand(512, -(-vocab // BLOCK), generator=g) < 0.5  # [B, blocks]
+    weights[dead.repeat_interleave(BLOCK, 1)[:, :vocab]] = 0.0
+    weights[weights.sum(-1) == 0, -1] = 1.0  # every row has some weight
+    weights[::5, ::3] = 0.0  # scattered zeros inside the live blocks too
+    weights[(weights.sum(-1) == 0).nonzero()[:, 0], 0] = 1.0
+    u = torch.rand(512, generator=g, dtype=torch.float64).clamp_(2.0 ** -54, 1 - 2.0 ** -53)
+    u[:3] = torch.tensor([2.0 ** -54, 0.5, 1 - 2.0 ** -53], dtype=torch.float64)
+    tokens = inverse_cdf(weights, u)
+    cdf = np.cumsum(weights.double().numpy(), axis=1)
+    assert tokens.tolist() == [int(np.searchsorted(c, x * c[-1], side="left")) for c, x in zip(cdf, u.numpy())]
+    assert (weights.gather(1, tokens[:, None]) > 0).all()
+
+
+def test_the_two_level_search_survives_a_block_sum_above_its_cumulative_sum():
+    """A block's float64 sum is not its sequential cumulative sum: with 1.0 at both ends of a short
+    last block and 2^-54 between, the sum keeps the small terms (2 + 5.6e-14) where the cumulative
+    sum rounds them away (2). A uniform whose target lands past the latter still returns the last
+    positive token of the vocabulary, not an index past its end."""
+    w = torch.zeros(1, 2 * BLOCK - 1)  # [1, V]: block 0 empty, a last block of BLOCK - 1 entries
+    w[0, BLOCK:] = 2.0 ** -54
+    w[0, BLOCK] = w[0, -1] = 1.0
+    assert w[0, BLOCK:].sum(dtype=torch.float64) > w[0, BLOCK:].double().cumsum(0)[-1]  # the premise
+    assert inverse_cdf(w, torch.tensor([1 - 2.0 ** -53], dtype=torch.float64)).tolist() == [w.shape[1] - 1]
 
 
 def test_uniforms_are_uniform_and_never_0_or_1():
