@@ -10,9 +10,9 @@ Why: minirl claims to be a *fast* small RL engine; the honest check is a mainstr
 the same work in the same run on the same box. Both get the SFT-warmed zoo Qwen3-MoE, the same
 1-digit arithmetic prompts (same token ids: TRL sees as raw text exactly what minirl's ``encode``
 tokenises, ``bos + prompt`` or the chat template's text), minirl's verifier as reward, 8 prompts
-(``--prompts``; configs/real_model_rl.yaml takes 4) x 8 samples, <= 8 new tokens (options). ``--model smollm2-135m`` (the real instruct model) runs
-the issue's step instead: ``chat_arithmetic`` (2-digit ± 1-digit) in its chat template, no SFT warm-up,
-<= 32 new tokens, lr 2e-5;
+(``--prompts``; configs/real_model_rl.yaml takes 4) x 8 samples, <= 8 new tokens (options).
+``--model smollm2-135m`` (the real instruct model) runs the issue's step instead: ``chat_arithmetic``
+(2-digit ± 1-digit) in its chat template, no SFT warm-up, <= 32 new tokens, lr 2e-5;
 temperature 1, lr 1e-3 (tiny model), no KL, no MoE aux loss, 2 AdamW steps per RL step (minirl
 ``minibatches=2``; TRL 32 completions per optimizer step, ``steps_per_generation=2``). Training is fp32
 except in the bf16 rows: minirl's ``trainer_dtype: bfloat16`` (a bf16 compute copy over fp32 masters,
@@ -134,8 +134,8 @@ def main() -> None:
                                                               capture_output=True).stdout.split()[-1])
                                     for _ in range(args.memory_repeats))
                for w in ("minirl", "trl") if args.memory_repeats and (w == "minirl" or set(engines) & set(TRLS))}
-    print(f"\nRL step = {base.name}, {SETTINGS['task']}, {SETTINGS['prompts_per_step']} prompts x 8 samples, <= {SETTINGS['max_new_tokens']} "
-          f"new tokens, 2 AdamW steps; CPU {cpu_name()}, "
+    print(f"\nRL step = {base.name}, {SETTINGS['task']}, {SETTINGS['prompts_per_step']} prompts x 8 samples, "
+          f"<= {SETTINGS['max_new_tokens']} new tokens, 2 AdamW steps; CPU {cpu_name()}, "
           f"{torch.get_num_threads()} torch threads, load average {load[0]:.2f} -> {os.getloadavg()[0]:.2f}; "
           f"median of 2 x {args.steps - 1} steps (blocks {'-'.join(e[:9] for e in engines)} and back, first step "
           f"of each dropped)")
@@ -234,8 +234,9 @@ def trl_trainer(model_path: Path, problems: list, steps: int, out: str, callback
         return [float(task.verify(by_prompt[p], c)) for p, c in zip(prompts, completions)]
 
     args = GRPOConfig(output_dir=out, use_cpu=True, report_to="none", save_strategy="no", bf16=bf16,
-                      num_generations=8, max_completion_length=SETTINGS["max_new_tokens"], temperature=1.0, beta=0.0, learning_rate=SETTINGS["lr"],
-                      lr_scheduler_type="constant", per_device_train_batch_size=4 * SETTINGS["prompts_per_step"], gradient_accumulation_steps=1,
+                      num_generations=8, max_completion_length=SETTINGS["max_new_tokens"], temperature=1.0, beta=0.0,
+                      learning_rate=SETTINGS["lr"], lr_scheduler_type="constant",
+                      per_device_train_batch_size=4 * SETTINGS["prompts_per_step"], gradient_accumulation_steps=1,
                       steps_per_generation=2, max_steps=2 * steps, epsilon=0.2, epsilon_high=0.28,
                       router_aux_loss_coef=0.0, logging_steps=10**6, seed=0, disable_tqdm=rollout_func is not None)
     torch.manual_seed(0)
