@@ -22,7 +22,7 @@ WITH_VLLM := $(shell [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ] && echo 1)
 PRELOAD = env $$($(PY) -m labs.allocator)
 RUN = $(PRELOAD) $(PY)
 
-.PHONY: venv debs demo test test-all lab bench reproduce notebooks clean gpu-check gpu-wheels
+.PHONY: venv debs demo test test-avx2 test-all lab bench reproduce notebooks clean gpu-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -75,6 +75,19 @@ XDIST := -n 2 --no-loadscope-reorder
 
 test: debs $(STAMP)
 	$(RUN) -m pytest -m "not slow" -q $(XDIST) --durations=15
+	$(MAKE) --no-print-directory test-avx2
+
+# The numerically sensitive tests again with torch, oneDNN, numba and OpenBLAS capped to AVX2
+# (labs/machine.py): a change made on an AMX or AVX-512 box fails there if it would fail on an
+# AVX2-only laptop. labs.machine --require avx2 first checks, from each library's own report,
+# that the cap took effect. docs/machine.md.
+CAP = env $$($(PY) -m labs.machine --cap-env avx2)
+ISA_TESTS := tests/aligntools/analyzer/test_compiled_metrics.py tests/aligntools/analyzer/test_pinned_metrics.py \
+	tests/aligntools/analyzer/test_metrics_reference.py tests/minirl/engine/test_prepack.py \
+	tests/minirl/engine/test_bf16_emulation.py tests/test_machine.py
+test-avx2: $(STAMP)
+	$(CAP) $(RUN) -m labs.machine --require avx2
+	$(CAP) $(RUN) -m pytest -m "not slow" -q $(XDIST) $(wildcard $(ISA_TESTS))
 
 test-all: $(STAMP)
 	$(RUN) -m pytest -q $(XDIST)

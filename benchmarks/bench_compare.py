@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aligntools  # noqa: E402
 from aligntools import sites as S  # noqa: E402
 from aligntools.analyzer import compiled_metrics  # noqa: E402
-from aligntools.analyzer.metrics import compiled_path_agrees  # noqa: E402
+from aligntools.analyzer.metrics import ddot_order  # noqa: E402
+from labs import machine  # noqa: E402
 
 KINDS = ("attn_norm", "q", "k", "v", "attn_out", "resid_mid", "mlp_norm", "mlp_out", "resid_post")
 THREADS = (1, 2)
@@ -118,7 +119,10 @@ def main() -> None:
     roof = {n: bandwidth((a, b), n, args.repeats) for n in THREADS}
     print(f"roofline (sum over both captures): numpy 1 thread {bandwidth((a, b), 1, args.repeats, 'numpy'):.1f} GB/s, "
           + ", ".join(f"torch {n} thread(s) {roof[n]:.1f} GB/s" for n in THREADS))
-    print(f"compiled kernels agree with numpy on this machine: {compiled_path_agrees()} (compiled and cached once)")
+    order = ddot_order()
+    names = {v: k for k, v in compiled_metrics.kernels().DDOT_ORDERS.items()}
+    print(f"CPU: {machine.cpu_model()} ({machine.cpu_class()}, OpenBLAS {machine.openblas_core()}); compare's path: "
+          + (f"compiled, {names[order]} ddot order" if order is not None else "numpy (no compiled order agrees)"))
     hidden = [s for s in a.data_vars if s != "logits"]
     report("compare, all sites", a, b, roof, args.repeats)
     report("  logits only (+ KL, logprobs, top-1)", a[["logits"]], b[["logits"]], roof, args.repeats)

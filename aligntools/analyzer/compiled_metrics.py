@@ -1,8 +1,9 @@
 """The compiled path of ``metrics.chunk_metrics``: when it applies and its per-thread scratch.
 
 Why a separate path and not a replacement: the compiled kernels (``numba_reductions``) copy the
-rounding order of the numpy/BLAS calls of this machine's build; ``metrics`` checks them
-against numpy on probe rows once per process and uses them only when every bit agrees. The
+rounding order of the numpy/BLAS calls, and that order depends on the OpenBLAS kernel this
+machine's CPU gets (``numba_reductions.DDOT_ORDERS``); ``metrics.ddot_order`` checks each order
+against numpy on probe rows once per process and uses the one whose every bit agrees. The
 numpy path stays the definition of the numbers - and the path for everything the kernels do
 not cover: inputs other than float32, rows with NaN/Inf (masked by numpy), and widths whose
 dot products numpy computes with ``einsum``.
@@ -67,9 +68,11 @@ def kernels() -> ModuleType:
 
 
 class Scratch:
-    """One thread's scratch for the kernels, grown on demand and reused."""
+    """One thread's scratch for the kernels, grown on demand and reused, and the ``ddot``
+    order (``numba_reductions.DDOT_ORDERS``) this machine's numpy rounds in."""
 
-    def __init__(self) -> None:
+    def __init__(self, order: int) -> None:
+        self.order = order
         self._f64 = np.empty(0)
         self._ez = np.empty(0)
         self._out = np.empty((N_SUMS, 0))
@@ -98,12 +101,12 @@ def row_sums(xa: np.ndarray, xb: np.ndarray, dot_block: int, permille: float, sc
     the rows hold NaN/Inf (the caller takes the numpy path)."""
     out = scratch.out(len(xa))
     ok = kernels().row_sums_fp32(xa, xb, dot_block, permille, scratch.row(xa.shape[1], dot_block),
-                                 scratch.ints, out)
+                                 scratch.ints, out, scratch.order, kernels().ZERO)
     return out if ok else None
 
 
 def logit_dots(ez: np.ndarray, xa: np.ndarray, xb: np.ndarray, dot_block: int, scratch: Scratch) -> np.ndarray:
     """Per-row dot of ``ez`` [r, V] float64 with ``xb - xa`` (float32 rows widened) [r]."""
     out = np.empty(len(ez))
-    kernels().diff_dots(ez, xa, xb, dot_block, scratch.row(xa.shape[1], dot_block), out)
+    kernels().diff_dots(ez, xa, xb, dot_block, scratch.row(xa.shape[1], dot_block), out, scratch.order, kernels().ZERO)
     return out

@@ -21,6 +21,7 @@ of the sums and counted separately, so one NaN is a finding, not a poisoned tabl
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from dataclasses import replace
@@ -63,9 +64,10 @@ class Workspace:
     the arithmetic, and reused buffers stay in cache. The views of the last chunk shape are
     kept: the chunks of a tile share one."""
 
-    def __init__(self, compiled: bool = False) -> None:
-        self.compiled = compiled_metrics.Scratch() if compiled else None
-        """Scratch of the compiled path, None where the numpy path runs (``run_jobs``)."""
+    def __init__(self, order: int | None = None) -> None:
+        self.compiled = None if order is None else compiled_metrics.Scratch(order)
+        """Scratch of the compiled path in ``ddot`` order ``order`` (``ddot_order``), None
+        where the numpy path runs (``run_jobs``)."""
         self._f64 = np.empty(0)
         self._i32 = np.empty(0, np.int32)
         self._mask = np.empty(0, bool)
@@ -257,11 +259,12 @@ def site_job(a: Rows, b: Rows, next_ids: np.ndarray | None = None) -> tuple[Job,
 def run_jobs(jobs: list[Job], workers: int | None = None, max_memory: int | None = None,
              progress: bool | None = None) -> None:
     """Run ``site_job``s in one tiled_scan (``aligntools.analyzer.tiled_scan.run``), on the compiled
-    kernels where they apply and agree with numpy on this machine (``compiled_metrics``)."""
-    compiled = compiled_metrics.wanted(sum(j.nbytes for j in jobs)) and compiled_path_agrees()
-    if compiled:
+    kernels where they apply, in the ``ddot`` order that agrees with numpy on this machine
+    (``compiled_metrics``, ``ddot_order``)."""
+    order = ddot_order() if compiled_metrics.wanted(sum(j.nbytes for j in jobs)) else None
+    if order is not None:
         jobs = [replace(j, chunk_elems=compiled_metrics.CHUNK_ELEMS) if _compiled_site(j) else j for j in jobs]
-    tiled_scan.run(jobs, partial(Workspace, compiled), CHUNK_ELEMS, workers, max_memory, progress)
+    tiled_scan.run(jobs, partial(Workspace, order), CHUNK_ELEMS, workers, max_memory, progress)
 
 
 def _compiled_site(job: Job) -> bool:
@@ -276,33 +279,54 @@ tails, whole 32-lane blocks, an odd multiple, and a row dotted in 8192-blocks.""
 
 
 @cache
-def compiled_path_agrees() -> bool:
-    """Whether the compiled kernels give exactly numpy's bits on this machine, checked once
-    per process on random probe rows of ``PROBE_WIDTHS`` (logits metrics included): their
-    dot products copy one OpenBLAS kernel's order, and another CPU may run another kernel.
-    False (with a warning) sends every comparison to the numpy path."""
+def ddot_order() -> int | None:
+    """The ``numba_reductions.DDOT_ORDERS`` value whose compiled kernels give exactly numpy's
+    bits on this machine, checked once per process on random probe rows of ``PROBE_WIDTHS``
+    (logits metrics included): their dot products copy one OpenBLAS kernel's order, and the
+    CPU decides which kernel numpy runs. The choice is logged once; None (with a warning)
+    sends every comparison to the numpy path."""
     try:
-        compiled_metrics.kernels()
+        orders = compiled_metrics.kernels().DDOT_ORDERS
     except ImportError as e:
         warnings.warn(f"compare: compiled kernels unavailable ({e}); using the numpy path", stacklevel=2)
-        return False
+        return None
+    probes = _probe_rows()
+    for name, order in orders.items():
+        if all(_same_bits(xa, xb, next_ids, order) for xa, xb, next_ids in probes):
+            logging.getLogger(__name__).info("compare: compiled kernels in OpenBLAS's %s ddot order", name)
+            return order
+    warnings.warn(f"compare: the compiled kernels round differently from numpy on this machine in every ddot "
+                  f"order they know ({', '.join(orders)}); using the numpy path", stacklevel=2)
+    return None
+
+
+def compiled_path_agrees() -> bool:
+    """Whether some ``ddot`` order of the compiled kernels gives numpy's bits here."""
+    return ddot_order() is not None
+
+
+def _probe_rows() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(xa, xb [rows, width] float32, next_ids [rows]) per ``PROBE_WIDTHS``, from a fixed seed."""
     rng = np.random.default_rng(0)
+    probes = []
     for width in PROBE_WIDTHS:
         rows = max(4, CHUNK_ELEMS // width)
         xa = (rng.standard_normal((rows, width)) * rng.exponential(4.0, (rows, 1))).astype(np.float32)
         xb = (xa * (1 + 1e-3 * rng.standard_normal(xa.shape))).astype(np.float32)
         xb[:, ::5] = xa[:, ::5]
-        next_ids = rng.integers(-1, width, rows)
-        got = []
-        for compiled in (False, True):
-            out = {k: np.zeros(rows) for k in ROW_SUMS} | {k: np.full(rows, np.nan) for k in LOGIT_ROWS}
-            chunk_metrics(xa, xb, Workspace(compiled), slice(0, rows), out, next_ids)
-            got.append(b"".join(out[k].tobytes() for k in (*ROW_SUMS, *LOGIT_ROWS)))
-        if got[0] != got[1]:
-            warnings.warn(f"compare: the compiled kernels round differently from numpy on this machine "
-                          f"(rows of width {width}); using the numpy path", stacklevel=2)
-            return False
-    return True
+        probes.append((xa, xb, rng.integers(-1, width, rows)))
+    return probes
+
+
+def _same_bits(xa: np.ndarray, xb: np.ndarray, next_ids: np.ndarray, order: int) -> bool:
+    """Whether the kernels in ``order`` give every metric of these rows in numpy's bits."""
+    rows = len(xa)
+    got = []
+    for ws in (Workspace(None), Workspace(order)):
+        out = {k: np.zeros(rows) for k in ROW_SUMS} | {k: np.full(rows, np.nan) for k in LOGIT_ROWS}
+        chunk_metrics(xa, xb, ws, slice(0, rows), out, next_ids)
+        got.append(b"".join(out[k].tobytes() for k in (*ROW_SUMS, *LOGIT_ROWS)))
+    return got[0] == got[1]
 
 
 def row_metrics(a: np.ndarray, b: np.ndarray, idx_a: np.ndarray | None = None, idx_b: np.ndarray | None = None,

@@ -9,18 +9,26 @@ the GIL released, so the threads of ``tiled_scan`` scale.
 Each float sum copies the order of the call it replaces:
 
 - dot products (``block_sums``, ``dot_diff``): OpenBLAS's ``ddot`` as numpy's ``vecdot``
-  calls it on this build (the SkylakeX / Cooper Lake kernel,
-  ``kernel/x86_64/ddot_microk_skylakex-2.c``): 32 lanes (four 8-wide accumulators, fused
-  multiply-add) over the first ``n & ~31`` elements, folded to 16 lanes,
-  16 lanes over the rest of ``n & -16``, lanes summed ``((l0+l1)+l2)+l3`` per quarter then
-  ``(q0+q2)+(q1+q3)``, the last ``n % 16`` elements added one by one.
+  calls it. Which kernel that is depends on the CPU OpenBLAS finds at run time, so each
+  kernel's order is an ``order`` argument (``DDOT_ORDERS``):
+
+  - ``SKYLAKEX`` (AVX-512 boxes, AMX Xeons: ``kernel/x86_64/ddot_microk_skylakex-2.c``): 32
+    lanes (four 8-wide accumulators, fused multiply-add) over the first ``n & ~31`` elements,
+    folded to 16 lanes, 16 lanes over the rest of ``n & -16``, lanes summed
+    ``((l0+l1)+l2)+l3`` per quarter then ``(q0+q2)+(q1+q3)``, the last ``n % 16`` elements
+    added one by one with a fused multiply-add.
+  - ``HASWELL`` (AVX2-only boxes, Zen 1-3: ``ddot_microk_haswell-2.c``): 16 lanes (four
+    4-wide accumulators, fused multiply-add) over ``n & -16``; each register's upper half
+    added to its lower, the four halves summed ``(h0+h1)+(h2+h3)``, the pair by ``hadd``;
+    the last ``n % 16`` elements added one by one, product rounded before the add (the C
+    tail is not contracted).
 - ``pairwise``: numpy's pairwise sum (``loops_utils.h``): blocks of at most 128 summed with 8
   accumulators, longer runs split at half rounded down to a multiple of 8; numpy's row
   reduction adds the result to its identity 0.0.
 
-Other CPUs pick other OpenBLAS kernels, so ``aligntools.analyzer.compiled_metrics`` checks these
-kernels against numpy on probe rows before it uses them, and falls back to numpy where they
-differ. Maxima and counts are exact in any order.
+Other CPUs may pick yet other OpenBLAS kernels, so ``aligntools.analyzer.metrics`` checks
+each order against numpy on probe rows before it uses one, and falls back to numpy where
+none agrees. Maxima and counts are exact in any order.
 
 Vectorizing without reordering: every accumulator is a *lane* of a small scratch array
 updated in the order above; the compiler turns the lane loops into SIMD instructions without
@@ -46,6 +54,26 @@ PAIRWISE_BLOCK = 128
 
 _SIGN = np.int32(-(1 << 31))
 
+ZERO = 0.0
+"""Passed as the kernels' ``zero`` argument (``_add_product``): a run-time 0.0."""
+
+SKYLAKEX, HASWELL = 0, 1
+DDOT_ORDERS = {"skylakex": SKYLAKEX, "haswell": HASWELL}
+"""OpenBLAS ddot kernels whose summation order the kernels copy (name -> ``order`` argument)."""
+
+
+@njit(inline="always", **JIT)
+def _add_product(s: float, a: float, b: float, zero: float) -> float:
+    """s + a * b with the product rounded before the add (the Haswell kernel's C tail).
+
+    Numba compiles a callee with its caller's ``contract``, so flags cannot keep the two
+    apart, and a literal ``+ 0.0`` is dropped where the compiler proves the product is not
+    -0 (``d * d``). ``zero`` is the caller's argument ``ZERO``, a value it cannot see: the
+    product is added to it first (fused or not, that is the rounded product; a -0 product
+    becomes +0, which changes no sum: the tail's running sum starts at +0 and
+    round-to-nearest never makes -0), and only then to ``s``."""
+    return s + (a * b + zero)
+
 
 @njit(inline="always", **JIT)
 def _fold(acc: np.ndarray, n32: int) -> None:
@@ -57,9 +85,15 @@ def _fold(acc: np.ndarray, n32: int) -> None:
 
 
 @njit(inline="always", **JIT)
-def _total(acc: np.ndarray) -> float:
-    """The 16 lanes summed as the kernel does: per 256-bit lane ((r0 + r1) + r2) + r3, then
-    the 128-bit halves added and the pair summed by ``hadd``."""
+def _total(acc: np.ndarray, order: int) -> float:
+    """The 16 lanes summed as the ``order``'s kernel does. SKYLAKEX: per 256-bit lane
+    ((r0 + r1) + r2) + r3, then the 128-bit halves added and the pair summed by ``hadd``.
+    HASWELL: per register [l0 + l2, l1 + l3], the registers (h0 + h1) + (h2 + h3), the pair
+    by ``hadd``."""
+    if order == HASWELL:
+        h0 = ((acc[0] + acc[2]) + (acc[4] + acc[6])) + ((acc[8] + acc[10]) + (acc[12] + acc[14]))
+        h1 = ((acc[1] + acc[3]) + (acc[5] + acc[7])) + ((acc[9] + acc[11]) + (acc[13] + acc[15]))
+        return h0 + h1
     s0 = ((acc[0] + acc[4]) + acc[8]) + acc[12]
     s1 = ((acc[1] + acc[5]) + acc[9]) + acc[13]
     s2 = ((acc[2] + acc[6]) + acc[10]) + acc[14]
@@ -67,19 +101,26 @@ def _total(acc: np.ndarray) -> float:
     return (s0 + s2) + (s1 + s3)
 
 
+@njit(inline="always", **JIT)
+def _wide_end(n16: int, order: int) -> int:
+    """End of the 32-lane loop: the SKYLAKEX kernel's ``n & ~31``; HASWELL has none."""
+    return n16 & ~31 if order == SKYLAKEX else 0
+
+
 @njit(**JIT)
 def block_sums(xa: np.ndarray, xb: np.ndarray, permille: float, acc: np.ndarray, out: np.ndarray,
-               absd: np.ndarray, lanes: np.ndarray, cnt: np.ndarray, top: np.ndarray) -> None:
+               absd: np.ndarray, lanes: np.ndarray, cnt: np.ndarray, top: np.ndarray, order: int,
+               zero: float) -> None:
     """One visit of float32 rows xa, xb [n] widened to float64, d = b - a:
 
-    - out = (a.a, b.b, a.b, d.d), each in ``ddot`` order (acc: [4, 32] scratch);
+    - out = (a.a, b.b, a.b, d.d), each in the ``order``'s ``ddot`` order (acc: [4, 32] scratch);
     - |d| into ``absd`` [n], and per lane (added to, not reset: a row may be several blocks)
       max |d| (``lanes`` float64 [32]), the count of |d| > permille * |a| (``cnt``) and the
       max fp32-ordinal distance (``top``, int64 [32]) - exact in any order.
     """
     n = xa.shape[0]
     n16 = n & -16
-    n32 = n16 & ~31
+    n32 = _wide_end(n16, order)
     acc[:] = 0.0
     ia, ib = xa.view(np.int32), xb.view(np.int32)
     for i in range(0, n32, LANES):
@@ -91,10 +132,14 @@ def block_sums(xa: np.ndarray, xb: np.ndarray, permille: float, acc: np.ndarray,
         for j in range(16):
             _visit(xa, xb, ia, ib, i + j, j, permille, acc, absd, lanes, cnt, top)
     for q in range(4):
-        total = _total(acc[q])
+        total = _total(acc[q], order)
         acc[q, 0] = total  # the kernel's scalar result, to which the tail is added one by one
-    for i in range(n16, n):
-        _visit(xa, xb, ia, ib, i, 0, permille, acc, absd, lanes, cnt, top)
+    if order == HASWELL:
+        for i in range(n16, n):
+            _visit_unfused(xa, xb, ia, ib, i, permille, acc, absd, lanes, cnt, top, zero)
+    else:
+        for i in range(n16, n):
+            _visit(xa, xb, ia, ib, i, 0, permille, acc, absd, lanes, cnt, top)
     out[:] = acc[:, 0]
 
 
@@ -115,6 +160,23 @@ def _visit(xa: np.ndarray, xb: np.ndarray, ia: np.ndarray, ib: np.ndarray, i: in
 
 
 @njit(inline="always", **JIT)
+def _visit_unfused(xa: np.ndarray, xb: np.ndarray, ia: np.ndarray, ib: np.ndarray, i: int, permille: float,
+                   acc: np.ndarray, absd: np.ndarray, lanes: np.ndarray, cnt: np.ndarray, top: np.ndarray,
+                   zero: float) -> None:
+    """``_visit`` of a tail element into lane 0, each product rounded before its add."""
+    a, b, x, over, dist = _terms(xa[i], xb[i], ia[i], ib[i], permille)
+    d = b - a
+    acc[0, 0] = _add_product(acc[0, 0], a, a, zero)
+    acc[1, 0] = _add_product(acc[1, 0], b, b, zero)
+    acc[2, 0] = _add_product(acc[2, 0], a, b, zero)
+    acc[3, 0] = _add_product(acc[3, 0], d, d, zero)
+    absd[i] = x
+    lanes[0] = x if x > lanes[0] else lanes[0]
+    cnt[0] += over
+    top[0] = dist if dist > top[0] else top[0]
+
+
+@njit(inline="always", **JIT)
 def _terms(fa: np.float32, fb: np.float32, ba: np.int32, bb: np.int32,
            permille: float) -> tuple[float, float, float, bool, np.int64]:
     """a, b widened; |b - a|; whether it exceeds permille * |a|; the distance of the fp32
@@ -129,12 +191,12 @@ def _terms(fa: np.float32, fb: np.float32, ba: np.int32, bb: np.int32,
 
 
 @njit(**JIT)
-def dot_diff(t: np.ndarray, xa: np.ndarray, xb: np.ndarray, acc: np.ndarray) -> float:
-    """t . (xb - xa) of a float64 row t [n] and float32 rows xa, xb [n] widened, in ``ddot``
-    order. acc: [32] scratch."""
+def dot_diff(t: np.ndarray, xa: np.ndarray, xb: np.ndarray, acc: np.ndarray, order: int, zero: float) -> float:
+    """t . (xb - xa) of a float64 row t [n] and float32 rows xa, xb [n] widened, in the
+    ``order``'s ``ddot`` order. acc: [32] scratch."""
     n = t.shape[0]
     n16 = n & -16
-    n32 = n16 & ~31
+    n32 = _wide_end(n16, order)
     acc[:] = 0.0
     for i in range(0, n32, LANES):
         for j in range(LANES):
@@ -143,9 +205,13 @@ def dot_diff(t: np.ndarray, xa: np.ndarray, xb: np.ndarray, acc: np.ndarray) -> 
     for i in range(n32, n16, 16):
         for j in range(16):
             acc[j] += t[i + j] * (np.float64(xb[i + j]) - np.float64(xa[i + j]))
-    out = _total(acc)
-    for i in range(n16, n):
-        out += t[i] * (np.float64(xb[i]) - np.float64(xa[i]))
+    out = _total(acc, order)
+    if order == HASWELL:
+        for i in range(n16, n):
+            out = _add_product(out, t[i], np.float64(xb[i]) - np.float64(xa[i]), zero)
+    else:
+        for i in range(n16, n):
+            out += t[i] * (np.float64(xb[i]) - np.float64(xa[i]))
     return out
 
 
@@ -219,12 +285,13 @@ def pairwise(x: np.ndarray, left: np.ndarray, stack: np.ndarray) -> float:
 
 @njit(**JIT)
 def row_sums_fp32(xa: np.ndarray, xb: np.ndarray, k: int, permille: float, scratch: np.ndarray,
-                  iscratch: np.ndarray, out: np.ndarray) -> bool:
+                  iscratch: np.ndarray, out: np.ndarray, order: int, zero: float) -> bool:
     """``metrics.ROW_SUMS`` of float32 rows xa, xb [r, n] into out [8, r] (sum_d2, sum_a2,
     sum_b2, sum_ab, sum_absd, max_absd, n_rel, max_ulp), bit for bit what the numpy path
     gives. k: the dot block (``metrics._dot_block``): a row's dots are the pairwise sums of
-    its blocks' dots when k < n. Returns False, leaving out partly written, as soon as a row
-    holds NaN/Inf: such chunks take the numpy path, which masks them.
+    its blocks' dots when k < n; order: a ``DDOT_ORDERS`` value; zero: ``ZERO``. Returns
+    False, leaving out partly written, as soon as a row holds NaN/Inf: such chunks take the
+    numpy path, which masks them.
 
     scratch: float64 [n + 4 (n // k) + 192] (|d|, block dots, accumulators, lanes);
     iscratch: int64 [256].
@@ -241,7 +308,7 @@ def row_sums_fp32(xa: np.ndarray, xb: np.ndarray, k: int, permille: float, scrat
         top[:] = 0
         for j in range(nb):
             cols = slice(j * k, (j + 1) * k)
-            block_sums(xa[r, cols], xb[r, cols], permille, acc, sums, absd[cols], lanes, cnt, top)
+            block_sums(xa[r, cols], xb[r, cols], permille, acc, sums, absd[cols], lanes, cnt, top, order, zero)
             for q in range(4):
                 parts[q, j] = 0.0 + sums[q]
         if nb > 1:
@@ -259,7 +326,7 @@ def row_sums_fp32(xa: np.ndarray, xb: np.ndarray, k: int, permille: float, scrat
 
 @njit(**JIT)
 def diff_dots(ez: np.ndarray, xa: np.ndarray, xb: np.ndarray, k: int, scratch: np.ndarray,
-              out: np.ndarray) -> None:
+              out: np.ndarray, order: int, zero: float) -> None:
     """out[r] = ``metrics._rowdot`` of ez[r] (float64) and xb[r] - xa[r] (float32 rows
     widened): the logits' sum p_a (x_b - x_a). scratch as ``row_sums_fp32``'s."""
     n = xa.shape[1]
@@ -268,7 +335,8 @@ def diff_dots(ez: np.ndarray, xa: np.ndarray, xb: np.ndarray, k: int, scratch: n
     stack = np.empty((64, 3), np.int64)
     for r in range(xa.shape[0]):
         for j in range(nb):
-            parts[j] = 0.0 + dot_diff(ez[r, j * k:(j + 1) * k], xa[r, j * k:(j + 1) * k], xb[r, j * k:(j + 1) * k], acc)
+            cols = slice(j * k, (j + 1) * k)
+            parts[j] = 0.0 + dot_diff(ez[r, cols], xa[r, cols], xb[r, cols], acc, order, zero)
         out[r] = pairwise(parts, acc, stack) if nb > 1 else parts[0]
 
 

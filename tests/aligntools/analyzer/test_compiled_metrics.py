@@ -1,16 +1,27 @@
 """The compiled row kernels give exactly the numpy path's bits, or are not used.
 
-Why bits: ``compare``'s numbers must not depend on which path computed them (the pinned
-metrics hold every number; a verdict on its limit flips on a last-bit change). Each case
-runs ``chunk_metrics`` on both paths over hostile rows - every width class of the BLAS
-kernel (tail only, 16-lane, 32-lane, blocked), signed zeros, subnormals, huge values,
-exact rows, -inf logits (masked vocab), unknown next tokens, NaN/Inf (numpy fallback) - and
-compares the bytes of every output.
+Why bits: ``compare``'s numbers must not depend on which path computed them (a verdict on
+its limit flips on a last-bit change). Which bits numpy gives depends on the OpenBLAS
+kernel the CPU gets, so the kernels know several ``ddot`` orders and the probe
+(``metrics.ddot_order``) picks the one that agrees. Tested on every box:
+
+- every order, chosen here or not, against a float64 reference (``math.fsum``, exact to one
+  rounding) within the summation bound ``gamma_n * sum |x_i y_i|``: each is a correct dot;
+- the order this machine chose, on both paths over hostile rows - every width class of the
+  BLAS kernels (tail only, 16-lane, 32-lane, blocked), signed zeros, subnormals, huge values,
+  exact rows, -inf logits (masked vocab), unknown next tokens, NaN/Inf (numpy fallback) -
+  comparing the bytes of every output;
+- that the probe refuses the orders this machine does not round in, and says once which
+  order it took.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import platform
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -20,16 +31,26 @@ from aligntools.analyzer import metrics as M
 from aligntools.analyzer.logit_metrics import LOGIT_ROWS
 
 
-def both_paths(xa: np.ndarray, xb: np.ndarray, next_ids: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
-    """``chunk_metrics`` outputs of the numpy and the compiled path for one chunk."""
+def machine_order() -> int:
+    """The ``ddot`` order this machine's numpy rounds in. Every x86-64 box CI runs on has
+    one the kernels know (OpenBLAS's Haswell/Zen kernel on AVX2, SkylakeX's on AVX-512)."""
+    order = M.ddot_order()
+    assert order is not None or platform.machine() != "x86_64", "no ddot order of the kernels matches numpy here"
+    return order
+
+
+def both_paths(xa: np.ndarray, xb: np.ndarray, next_ids: np.ndarray | None = None,
+               order: int | None = None) -> list[dict[str, np.ndarray]]:
+    """``chunk_metrics`` outputs of the numpy path and the compiled one (in ``order``, by
+    default this machine's) for one chunk."""
     rows = len(xa)
     got = []
-    for compiled in (False, True):
+    for ws_order in (None, machine_order() if order is None else order):
         out = {k: np.zeros(rows) for k in M.ROW_SUMS}
         if next_ids is not None:
             out |= {k: np.full(rows, np.nan) for k in LOGIT_ROWS}
         with np.errstate(all="ignore"):
-            M.chunk_metrics(xa, xb, M.Workspace(compiled), slice(0, rows), out, next_ids)
+            M.chunk_metrics(xa, xb, M.Workspace(ws_order), slice(0, rows), out, next_ids)
         got.append(out)
     return got
 
@@ -37,7 +58,8 @@ def both_paths(xa: np.ndarray, xb: np.ndarray, next_ids: np.ndarray | None = Non
 def compiled_covers(xa: np.ndarray, xb: np.ndarray) -> bool:
     """Whether the kernels (not the numpy fallback) computed these rows."""
     k = M._dot_block(xa.shape[1])
-    return compiled_metrics.covers(xa, xb, k) and compiled_metrics.row_sums(xa, xb, k, M.PERMILLE, compiled_metrics.Scratch()) is not None
+    scratch = compiled_metrics.Scratch(machine_order())
+    return compiled_metrics.covers(xa, xb, k) and compiled_metrics.row_sums(xa, xb, k, M.PERMILLE, scratch) is not None
 
 
 def assert_same_bits(got: list[dict[str, np.ndarray]]) -> None:
@@ -53,9 +75,119 @@ def pair(rng: np.random.Generator, rows: int, width: int, scale: float = 1.0) ->
     return xa, xb
 
 
-@pytest.fixture(autouse=True)
-def kernels_agree():
-    assert M.compiled_path_agrees(), "the compiled kernels must agree with numpy on the CI machine"
+ORDERS = compiled_metrics.kernels().DDOT_ORDERS
+
+
+def fsum_dot(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(x . y correctly rounded, sum |x_i y_i|) of float64 vectors, by ``math.fsum``
+    (products split exactly into two doubles each, so the sum is exact before its rounding)."""
+    prods = x * y
+    return math.fsum([*prods, *_two_prod_lows(x, y, prods)]), float(np.abs(prods).sum())
+
+
+def _two_prod_lows(x: np.ndarray, y: np.ndarray, prods: np.ndarray) -> list[float]:
+    """The rounding errors x_i y_i - fl(x_i y_i), exactly (Dekker's TwoProduct)."""
+    def split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        c = a * 134217729.0  # 2**27 + 1
+        hi = c - (c - a)
+        return hi, a - hi
+    xh, xl = split(x)
+    yh, yl = split(y)
+    return list(((xh * yh - prods) + xh * yl + xl * yh) + xl * yl)
+
+
+def gamma(n: int) -> float:
+    """Higham's gamma_n = n u / (1 - n u), u = 2**-53: any order of an n-term float64 sum
+    (or dot, FMA or not) is within gamma_n * sum |terms| of the exact value."""
+    u = 2.0 ** -53
+    return n * u / (1 - n * u)
+
+
+@pytest.mark.parametrize("name", list(ORDERS))
+@pytest.mark.parametrize("width", [5, 16, 31, 33, 100, 1000, 4096 + 16 + 7, 16384])
+def test_every_order_is_a_correct_dot_product(name, width):
+    """Each order's sums (chosen on this box or not) against the exact float64 dot, within
+    the summation bound: the orders differ from each other in rounding only."""
+    rng = np.random.default_rng(width)
+    xa, xb = pair(rng, 3, width)
+    scratch = compiled_metrics.Scratch(ORDERS[name])
+    k = M._dot_block(width)
+    sums = compiled_metrics.row_sums(xa, xb, k, M.PERMILLE, scratch)
+    t = rng.standard_normal((3, width))  # the logits' float64 exp row
+    diff = compiled_metrics.logit_dots(t, xa, xb, k, scratch)
+    for r in range(3):
+        a, b = xa[r].astype(np.float64), xb[r].astype(np.float64)
+        for got, (x, y) in zip((sums[0, r], sums[1, r], sums[2, r], sums[3, r], diff[r]),
+                               ((b - a, b - a), (a, a), (b, b), (a, b), (t[r], b - a))):
+            exact, mag = fsum_dot(x, y)
+            assert abs(got - exact) <= gamma(width) * mag, (name, width, r, got, exact)
+
+
+def _fma(a: float, b: float, c: float) -> float:
+    """a * b + c rounded once (exact rational arithmetic, then one correct rounding)."""
+    return float(Fraction(a) * Fraction(b) + Fraction(c))
+
+
+def transcribed_ddot(x: np.ndarray, y: np.ndarray, name: str) -> float:
+    """OpenBLAS's ddot of float64 vectors in the named kernel's order, transcribed from its C
+    and assembly (``kernel/x86_64/ddot_microk_{skylakex,haswell}-2.c`` and ``ddot.c``) with
+    exact FMAs: a reference for the kernels' bits that no machine's rounding enters."""
+    n = len(x)
+    n16 = n & -16
+    n32 = n16 & ~31 if name == "skylakex" else 0
+    acc = [0.0] * 32
+    for i in range(n32):  # four 8-wide registers, fused
+        acc[i % 32] = _fma(x[i], y[i], acc[i % 32])
+    lanes = [acc[8 * (j // 4) + j % 4] + acc[8 * (j // 4) + j % 4 + 4] if n32 else 0.0 for j in range(16)]
+    for i in range(n32, n16):  # four 4-wide registers, fused
+        lanes[i % 16] = _fma(x[i], y[i], lanes[i % 16])
+    if name == "skylakex":
+        s = [((lanes[q] + lanes[4 + q]) + lanes[8 + q]) + lanes[12 + q] for q in range(4)]
+        total = (s[0] + s[2]) + (s[1] + s[3])
+    else:
+        h = [[lanes[4 * k + q] + lanes[4 * k + q + 2] for q in (0, 1)] for k in range(4)]
+        total = ((h[0][0] + h[1][0]) + (h[2][0] + h[3][0])) + ((h[0][1] + h[1][1]) + (h[2][1] + h[3][1]))
+    for i in range(n16, n):  # the C tail: contracted on SkylakeX's build, not on Haswell's
+        total = _fma(x[i], y[i], total) if name == "skylakex" else total + x[i] * y[i]
+    return total
+
+
+@pytest.mark.parametrize("name", list(ORDERS))
+@pytest.mark.parametrize("width", [1, 7, 16, 17, 31, 32, 33, 48, 63, 95])
+def test_every_order_gives_its_kernels_bits(name, width):
+    """Each order, bit for bit, against the transcription of its OpenBLAS kernel, on rows
+    whose products are inexact in float64 (unrelated rows, a float64 exp row): a wrong lane,
+    fold or fused tail changes the bits on any machine."""
+    rng = np.random.default_rng(width)
+    xa, xb = rng.standard_normal((2, 1, width)).astype(np.float32) * np.float32(1e3)
+    xb[0, ::2] *= np.float32(1e-6)
+    t = rng.standard_normal((1, width))
+    scratch = compiled_metrics.Scratch(ORDERS[name])
+    sums = compiled_metrics.row_sums(xa, xb, width, M.PERMILLE, scratch)
+    diff = compiled_metrics.logit_dots(t, xa, xb, width, scratch)
+    a, b = xa[0].astype(np.float64), xb[0].astype(np.float64)
+    want = [transcribed_ddot(x, y, name) for x, y in ((b - a, b - a), (a, a), (b, b), (a, b), (t[0], b - a))]
+    assert [*sums[:4, 0], diff[0]] == want
+
+
+def test_the_probe_refuses_the_orders_this_machine_does_not_round_in():
+    """The choice is made by the probe, not assumed: every other order fails it here."""
+    chosen = machine_order()
+    for name, order in ORDERS.items():
+        agrees = all(M._same_bits(xa, xb, ids, order) for xa, xb, ids in M._probe_rows())
+        assert agrees == (order == chosen), name
+
+
+def test_the_choice_is_announced_once(caplog):
+    M.ddot_order.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger=M.__name__):
+            first, second = M.ddot_order(), M.ddot_order()
+        said = [r.getMessage() for r in caplog.records if "ddot order" in r.getMessage()]
+        assert first == second and len(said) == (first is not None)
+        assert first is None or next(n for n, o in ORDERS.items() if o == first) in said[0]
+    finally:
+        M.ddot_order.cache_clear()
 
 
 # widths: BLAS tail only (<16), one 16-block, 32-blocks +16 + tail, whole 32-blocks, a row
@@ -154,14 +286,14 @@ def test_a_kernel_that_rounds_differently_is_refused(monkeypatch):
         return out
 
     monkeypatch.setattr(compiled_metrics, "row_sums", off_by_one_ulp)
-    M.compiled_path_agrees.cache_clear()
+    M.ddot_order.cache_clear()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert not M.compiled_path_agrees()
         assert any("round differently" in str(w.message) for w in caught)
     finally:
-        M.compiled_path_agrees.cache_clear()
+        M.ddot_order.cache_clear()
 
 
 def test_compiled_runs_are_the_same_on_any_thread_count(monkeypatch):
@@ -178,7 +310,7 @@ def test_without_numba_compare_warns_and_runs_on_numpy(monkeypatch):
 
     monkeypatch.setattr(compiled_metrics, "kernels", missing)
     monkeypatch.setenv(compiled_metrics.ENV_SWITCH, "1")
-    M.compiled_path_agrees.cache_clear()
+    M.ddot_order.cache_clear()
     try:
         rng = np.random.default_rng(7)
         xa, xb = pair(rng, 50, 256)
@@ -186,4 +318,4 @@ def test_without_numba_compare_warns_and_runs_on_numpy(monkeypatch):
             got = M.row_metrics(xa, xb)
         assert got["n_valid"].tolist() == [256] * 50 and np.all(got["sum_d2"] > 0)
     finally:
-        M.compiled_path_agrees.cache_clear()
+        M.ddot_order.cache_clear()
