@@ -156,6 +156,9 @@ class Engine:
 
         schedule (``Scheduler``: live rows, budgets, stops, compaction) -> run (``ModelRunner``:
         prefill, one decode step, on the device) -> sample -> postprocess (the rollouts, on the host).
+        A step whose logits no token can be drawn from (NaN, +inf, all -inf: a broken model) fails
+        the whole call with ``sampling.NonFiniteLogitsError`` naming its rows by rollout id
+        (rollout ``r`` is prompt ``r // n``): RL needs every rollout of a batch sound.
         """
         params = params if params is not None else SamplingParams()
         self._check_sequences(prompts, "prompts", room=1)

@@ -13,6 +13,10 @@ on one core, docs/measurements/2026-12-02-sampler.md). The search is two-level (
 float64 sum per block of the vocabulary, then a cumulative sum inside the one block drawn, so a
 step makes one float64 pass over [B, V] instead of a softmax, a float64 copy and a full
 cumulative sum (docs/measurements/2026-12-03-sampler-blocks.md).
+
+Non-finite logits are a finding about the model, not a crash: a row holding NaN or +inf, or with
+no token of positive mass, fails the step with ``NonFiniteLogitsError`` naming the rows (for RL
+every rollout of a batch must be sound, so the batch fails, not just the row).
 """
 
 from __future__ import annotations
@@ -22,6 +26,14 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+_F32 = torch.finfo(torch.float32)
+"""The sampler computes in float32: a temperature or top_p it cannot hold is refused up front."""
+
+
+class NonFiniteLogitsError(ValueError):
+    """Logits no token can be drawn from. A ``ValueError`` so that ``mlab`` reports it as one line
+    (exit 2); a class of its own so that a caller can tell a broken model from a bad argument."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +74,15 @@ class SamplingParams:
             raise ValueError(f"n={self.n}: need at least one sample per prompt (n >= 1)")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} < 0: use 0 for greedy or a positive value")
+        if 0 < self.temperature < _F32.tiny or self.temperature > _F32.max:
+            raise ValueError(f"temperature={self.temperature!r} is outside float32's range [{_F32.tiny:.4g}, "
+                             f"{_F32.max:.4g}], where the sampler divides the logits: use 0 for greedy or a value "
+                             f"in that range (the trainer's floor is 0.01)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p} outside (0, 1]: use 1.0 to disable nucleus sampling")
+        if self.top_p < _F32.tiny:  # float32 rounds it to 0, which would drop every token
+            raise ValueError(f"top_p={self.top_p!r} is below float32's smallest normal number {_F32.tiny:.4g}, "
+                             f"where the sampler compares it: use a value in [{_F32.tiny:.4g}, 1]")
         if self.top_k < -1:
             raise ValueError(f"top_k={self.top_k}: use a positive k, or 0 / -1 to disable")
         if self.max_new_tokens < 1:
@@ -124,8 +143,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
 
     Raw = log_softmax of the model's logits (pre temperature/top-k/top-p), what the
     trainer's forward computes; processed = under the distribution actually sampled from.
+    Raises ``NonFiniteLogitsError`` naming the rows (``rows``' ids) no token can be drawn from.
     """
     z = plain = logits.float()  # [B, V]
+    _check_rows(z, params.temperature, rows, step)
     raw = z.log_softmax(-1)
     if params.temperature == 0:
         tokens = z.argmax(-1)
@@ -146,6 +167,48 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
     tokens = inverse_cdf(logp.exp(), uniforms(seed, rows, step, z.device))  # a masked token weighs an exact 0
     processed = logp.gather(1, tokens[:, None])[:, 0] if params.return_processed_logprobs else None
     return tokens, raw.gather(1, tokens[:, None])[:, 0], processed
+
+
+def _check_rows(z: torch.Tensor, temperature: float, rows: torch.Tensor, step: int) -> None:
+    """Refuse the rows of ``z`` [B, V] that cannot be sampled, before ``inverse_cdf`` would index
+    past the vocabulary. On the decode hot path, so one reduction and one host read of a flag:
+    a row's max (amax propagates NaN) is NaN if the row holds a NaN, +inf if it holds +inf, -inf
+    if every entry is -inf, and max / temperature overflows exactly when the tempered row does;
+    -inf entries beside a finite one (masks) are fine. Rows are described only on failure."""
+    top = z.amax(-1)  # [B]
+    scaled = top if temperature in (0, 1) else top / temperature  # the same op as ``sample``'s
+    if not bool(torch.isfinite(scaled).all()):
+        raise NonFiniteLogitsError(_describe(top.tolist(), scaled.tolist(), temperature, rows.tolist(), step))
+
+
+def _describe(top: list[float], scaled: list[float], temperature: float, rows: list[int], step: int) -> str:
+    """The refusal: which rows, what is wrong with each, and what to do about it."""
+    bad: dict[str, list[int]] = {}
+    for r, m, s in zip(rows, top, scaled):
+        if not math.isfinite(s):
+            bad.setdefault(_what(m, temperature), []).append(r)
+    parts = "; ".join(f"the logits of rows {_some(ids)} {what}" for what, ids in bad.items())
+    fixes = []
+    if any(not math.isfinite(m) for m in top):
+        fixes.append("the model produced NaN/inf: check its weights (e.g. `mlab check`) or lower the learning rate")
+    if any(math.isfinite(m) and not math.isfinite(s) for m, s in zip(top, scaled)):
+        fixes.append("raise the temperature, or use 0 for greedy")
+    return f"sampling step {step}: {parts}: {'; '.join(fixes)}"
+
+
+def _what(top: float, temperature: float) -> str:
+    """What is wrong with a row whose largest logit is ``top``."""
+    if math.isnan(top):
+        return "are not finite (NaN)"
+    if top == math.inf:
+        return "are not finite (+inf, an overflow)"
+    if top == -math.inf:
+        return "are all -inf (no token has mass)"
+    return f"overflow float32 once divided by temperature={temperature!r} (largest logit {top:.4g})"
+
+
+def _some(ids: list[int], limit: int = 10) -> str:
+    return f"{ids[:limit]}" + (f" (and {len(ids) - limit} more)" if len(ids) > limit else "")
 
 
 BLOCK = 1024
