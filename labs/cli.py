@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 
 from labs import allocator
 
@@ -35,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
 
     Every failure is one line on stderr naming the problem: expected ones (ValueError incl.
     the gates' and CLI's usage errors, OSError incl. a full disk) as their message, anything
-    else with its type and a pointer to ``MLAB_DEBUG=1``, which re-raises for the traceback.
+    else with its type and a pointer to ``MLAB_DEBUG=1``, which prints the traceback first. The exit
+    code never depends on ``MLAB_DEBUG``: a CI script reading 1 as "misaligned" must not see a
+    crash that way because someone asked for a traceback.
     Started as a program (``argv`` None), it first re-executes itself on tcmalloc (``labs.allocator``).
     """
     if argv is None:
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args.command, f"out of memory ({e or 'allocation failed'}); give a smaller input")
     except Exception as e:  # noqa: BLE001 - a traceback is not an answer for a CLI user
         if os.environ.get("MLAB_DEBUG"):
-            raise
+            traceback.print_exc()
         return _fail(args.command, f"{type(e).__name__}: {e} (set MLAB_DEBUG=1 for the traceback)")
 
 

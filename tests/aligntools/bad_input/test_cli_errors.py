@@ -87,3 +87,20 @@ def test_an_unexpected_error_is_one_line_too(llama, tmp_path, mlab, monkeypatch)
     monkeypatch.setattr(cli_capture, "_input_ids", boom)
     code, _, err = mlab("capture", "--model", llama, "--text", "hi", "--out", tmp_path / "c.nc")
     assert code == 2 and err == "mlab capture: error: ZeroDivisionError: planted (set MLAB_DEBUG=1 for the traceback)"
+
+
+
+def test_mlab_debug_adds_the_traceback_not_another_exit_code(llama, tmp_path, monkeypatch, capsys):
+    """A CI script reads exit 1 as "misaligned": asking for a traceback must not turn a crash into that."""
+    import aligntools.cli.capture as cli_capture
+    from labs.cli import main
+
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("planted")
+
+    monkeypatch.setattr(cli_capture, "_input_ids", boom)
+    monkeypatch.setenv("MLAB_DEBUG", "1")
+    code = main(["capture", "--model", str(llama), "--text", "hi", "--out", str(tmp_path / "c.nc")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" in err and "ZeroDivisionError: planted" in err
+    assert err.strip().splitlines()[-1] == "mlab capture: error: ZeroDivisionError: planted (set MLAB_DEBUG=1 for the traceback)"
