@@ -66,14 +66,29 @@ def check_model(path: str | os.PathLike) -> None:
     if not any(a in supported for a in archs):
         raise ValueError(f"{path}: vLLM has no implementation of architecture {archs}; "
                          f"capture it with the hf or minirl engine instead")
-    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    if not torch.cuda.is_available():
+    head = _head_dim(path)
+    if head is not None and not torch.cuda.is_available():
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         sizes = CPUAttentionBackend.get_supported_head_sizes()
         if head not in sizes:
             raise ValueError(f"{path}: head_dim={head} is not supported by vLLM's CPU attention "
                              f"(supported: {sizes}); use a model with one of those head sizes")
+
+
+def _head_dim(path: str | os.PathLike) -> int | None:
+    """The attention head size of checkpoint ``path``, read as transformers reads the config (its
+    attribute map turns gpt2's ``n_embd`` / ``n_head`` into ``hidden_size`` / ``num_attention_heads``;
+    a multimodal config keeps them in ``text_config``); None where the config names no head size,
+    in which case vLLM's own check decides."""
+    import transformers
+
+    text = transformers.AutoConfig.from_pretrained(path).get_text_config()
+    head = getattr(text, "head_dim", None)
+    hidden, heads = getattr(text, "hidden_size", None), getattr(text, "num_attention_heads", None)
+    if not head and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        head = hidden // heads
+    return head if isinstance(head, int) else None
 
 
 def create_llm(path: str | os.PathLike, dtype: str, **options: object):

@@ -51,3 +51,20 @@ def test_a_family_vllm_cannot_run_here_is_refused_by_name_before_it_starts(model
 
     with pytest.raises(ValueError, match=r"head_dim=16 is not supported by vLLM's CPU attention"):
         check_model(family_checkpoint(model_type))
+
+
+@pytest.mark.parametrize("n_embd,n_head,refused", [(64, 4, True), (128, 4, False)])
+def test_a_gpt2_style_config_is_read_not_a_key_error(n_embd, n_head, refused, tmp_path):
+    """gpt2's config names its width ``n_embd`` and its heads ``n_head``; check_model reads them as
+    transformers does (head 16: refused by name; head 32: served), never ``KeyError: 'hidden_size'``."""
+    import transformers
+
+    from minirl.vllm.llm import check_model
+
+    transformers.GPT2Config(n_embd=n_embd, n_head=n_head, n_layer=1, vocab_size=64,
+                            architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
+    if refused:
+        with pytest.raises(ValueError, match=r"head_dim=16 is not supported"):
+            check_model(tmp_path)
+    else:
+        check_model(tmp_path)
