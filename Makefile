@@ -82,12 +82,14 @@ test: debs $(STAMP)
 # AVX2-only laptop. labs.machine --require avx2 first checks, from each library's own report,
 # that the cap took effect. docs/machine.md.
 CAP = env $$($(PY) -m labs.machine --cap-env avx2)
-ISA_TESTS := tests/aligntools/analyzer/test_compiled_metrics.py tests/aligntools/analyzer/test_pinned_metrics.py \
-	tests/aligntools/analyzer/test_metrics_reference.py tests/minirl/engine/test_prepack.py \
-	tests/minirl/engine/test_bf16_emulation.py tests/test_machine.py
+ISA_TESTS := tests/test_machine.py tests/aligntools/analyzer/test_compiled_metrics.py \
+	tests/aligntools/analyzer/test_pinned_metrics.py tests/aligntools/analyzer/test_metrics.py \
+	tests/minirl/engine/test_prepack.py tests/minirl/engine/test_bf16_emulation.py \
+	tests/minirl/training/test_trainer_bf16_emulation.py tests/minirl/training/test_micro_batch.py \
+	tests/minirl/algorithms/test_router_replay.py
 test-avx2: $(STAMP)
 	$(CAP) $(RUN) -m labs.machine --require avx2
-	$(CAP) $(RUN) -m pytest -m "not slow" -q $(XDIST) $(wildcard $(ISA_TESTS))
+	$(CAP) $(RUN) -m pytest -m "not slow" -q $(XDIST) $(ISA_TESTS)
 
 test-all: $(STAMP)
 	$(RUN) -m pytest -q $(XDIST)

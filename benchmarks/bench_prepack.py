@@ -1,10 +1,13 @@
-"""Prepacked bf16 weights (``minirl/engine/prepack.py``) against plain ``F.linear``, in one process.
+"""The engine's bf16 linear paths (``minirl/engine/prepack.py``) against plain ``F.linear`` and fp32, in one process.
 
 GEMMs: a model's linear shapes at ``--rows`` rows, each weight hot in cache (what a GEMM costs
-without the DRAM stream), microseconds per call, best of ``--repeats``. Decode: the engine's
-``generate`` (``--batch`` x 32-token prompts x ``--new-tokens``, T = 1, EOS ignored) with packing
-on and off in interleaved rounds, tokens per second, and whether both sides sampled the same
-tokens with the same logprobs (they must: the packed product is F.linear's bits).
+without the DRAM stream), microseconds per call, best of ``--repeats``: fp32, bf16 ``F.linear``
+(torch's native kernel), bf16 emulated (fp32 GEMM on the bf16 operands, the path of CPUs without
+native bf16) and bf16 packed (oneDNN's kernel on a weight packed once; only where this CPU's torch
+has oneDNN bf16). Decode: the engine's ``generate`` (``--batch`` x 32-token prompts x
+``--new-tokens``, T = 1, EOS ignored) in fp32 and in bf16 on each path, interleaved rounds, tokens
+per second, and how each bf16 path's tokens and logprobs compare with ``F.linear``'s (packed: the
+same bits; emulated: the same GEMMs up to summation order).
 
     env $(.venv/bin/python -m labs.allocator) .venv/bin/python benchmarks/bench_prepack.py --model smollm2-135m
 """
@@ -12,6 +15,7 @@ tokens with the same logprobs (they must: the packed product is F.linear's bits)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +30,9 @@ from benchmarks.bench_engine import _best_times, _zoo_path  # noqa: E402
 from minirl import Engine, Knobs, SamplingParams  # noqa: E402
 from minirl.engine import prepack  # noqa: E402
 
+PATHS = ("plain", "emulated", *(("packed",) if prepack.available() else ()))
+"""The bf16 paths this box can run: ``F.linear`` (forced native, no packing), emulated, packed."""
+
 
 def _per_call_us(fn: Callable[[], object], calls: int) -> float:
     for _ in range(5):
@@ -36,41 +43,67 @@ def _per_call_us(fn: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def run_on(path: str, fn: Callable[[], object]) -> object:
+    """``fn()`` with the engine's bf16 linear forced onto ``path`` (the switches PrepackedLinear
+    reads per call: ``prepack.ENV`` and, for ``plain``, no oneDNN)."""
+    env, available = os.environ.get(prepack.ENV), prepack.available
+    os.environ[prepack.ENV] = "emulated" if path == "emulated" else "native"
+    if path == "plain":
+        prepack.available = lambda: False
+    try:
+        return fn()
+    finally:
+        prepack.available = available
+        if env is None:
+            del os.environ[prepack.ENV]
+        else:
+            os.environ[prepack.ENV] = env
+
+
 def gemm_table(engine: Engine, rows: int, repeats: int) -> None:
-    """One line per distinct weight shape of the engine: F.linear vs packed, us per call."""
+    """One line per distinct weight shape of the engine: fp32 and each bf16 path, us per call."""
     shapes = sorted({tuple(w.shape) for n, w in engine.model.w.items() if w.dim() == 2 and n != "embed"})
-    linear = prepack.PrepackedLinear()
     for o, k in shapes:
-        w, x = torch.randn(o, k).bfloat16(), torch.randn(rows, k).bfloat16()
+        w, x = torch.randn(o, k), torch.randn(rows, k)
+        wb, xb = w.bfloat16(), x.bfloat16()
         calls = max(5, int(2e8 / (o * k)))
-        plain = min(_per_call_us(lambda: F.linear(x, w), calls) for _ in range(repeats))
-        packed = min(_per_call_us(lambda: linear(x, w), calls) for _ in range(repeats))
-        same = torch.equal(linear(x, w), F.linear(x, w))
-        print(f"[{rows}, {k}] @ [{k}, {o}]: F.linear {plain:8.1f} us | packed {packed:8.1f} us | "
-              f"{plain / packed:.2f}x | same bits {same}")
+        us = {"fp32": min(_per_call_us(lambda: F.linear(x, w), calls) for _ in range(repeats))}
+        for path in PATHS:
+            linear = prepack.PrepackedLinear()
+            us[path] = min(run_on(path, lambda: _per_call_us(lambda: linear(xb, wb), calls)) for _ in range(repeats))
+        print(f"[{rows}, {k}] @ [{k}, {o}]: " + " | ".join(f"{p} {t:9.1f} us ({us['fp32'] / t:4.2f}x)"
+                                                             for p, t in us.items()))
 
 
 @torch.inference_mode()
-def decode(engine: Engine, batch: int, new_tokens: int, repeats: int) -> None:
-    """Engine decode with packing on and off, interleaved rounds, tokens per second."""
-    prompts = torch.randint(3, engine.spec.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(0))
+def decode(path: Path, batch: int, new_tokens: int, repeats: int) -> None:
+    """Engine decode in fp32 and in bf16 on each path, interleaved rounds, tokens per second."""
+    engines = {"fp32": Engine.from_pretrained(path, dtype=torch.float32, knobs=Knobs.typical_inference()),
+               "bf16": Engine.from_pretrained(path, dtype=torch.bfloat16, knobs=Knobs.typical_inference())}
+    prompts = torch.randint(3, engines["fp32"].spec.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(0))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=0)
     outputs: dict[str, list] = {}
-    on = prepack.available
 
-    def run(packed: bool) -> None:
-        prepack.available = on if packed else (lambda: False)  # the switch PrepackedLinear reads per call
-        try:
-            outputs["packed" if packed else "plain"] = engine.generate(prompts.tolist(), params)
-        finally:
-            prepack.available = on
+    def run(name: str) -> None:
+        engine = engines["fp32" if name == "fp32" else "bf16"]
+        outputs[name] = run_on(name, lambda: engine.generate(prompts.tolist(), params))
 
-    best = _best_times({"plain": lambda: run(False), "packed": lambda: run(True)}, repeats)
-    same = all(a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs)
-               for a, b in zip(outputs["plain"], outputs["packed"]))
+    best = _best_times({name: (lambda name=name: run(name)) for name in ("fp32", *PATHS)}, repeats)
     tok = {k: batch * new_tokens / v for k, v in best.items()}
-    print(f"decode (batch {batch}, 32-token prompts, {new_tokens} new tokens): F.linear {tok['plain']:.0f} tok/s | "
-          f"packed {tok['packed']:.0f} tok/s | {tok['packed'] / tok['plain']:.2f}x | same tokens and logprobs {same}")
+    print(f"decode (batch {batch}, 32-token prompts, {new_tokens} new tokens), tok/s and fp32's time over this one's: "
+          + " | ".join(f"{k} {v:.0f} ({v / tok['fp32']:.2f}x)" for k, v in tok.items()))
+    for name in PATHS[1:]:
+        print(f"  bf16 {name} vs F.linear: {_compare(outputs[name], outputs['plain'])}")
+
+
+def _compare(a: list, b: list) -> str:
+    """Same tokens? max |logprob difference| over each rollout's tokens up to its first differing one."""
+    gaps, same = [], 0
+    for x, y in zip(a, b, strict=True):
+        n = next((i for i, (s, t) in enumerate(zip(x.token_ids, y.token_ids)) if s != t), len(y.token_ids))
+        same += n == len(y.token_ids)
+        gaps.append(float((x.logprobs[:n] - y.logprobs[:n]).abs().max()) if n else 0.0)
+    return f"{same}/{len(b)} rollouts the same tokens, max |logprob difference| {max(gaps):.2e}"
 
 
 def main() -> None:
@@ -81,14 +114,17 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--skip-gemms", action="store_true", help="the decode line only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if not prepack.available():
-        sys.exit("this CPU's torch has no oneDNN bf16 GEMM: the engine does not pack here, nothing to compare")
-    engine = Engine.from_pretrained(_zoo_path(args.model), dtype=torch.bfloat16, knobs=Knobs.typical_inference())
-    print(f"{args.model} bf16, {args.threads} thread(s), torch {torch.__version__}, best of {args.repeats}")
-    gemm_table(engine, args.rows, args.repeats)
-    decode(engine, args.batch, args.new_tokens, args.repeats)
+    path = _zoo_path(args.model)
+    print(f"{args.model}, {args.threads} thread(s), torch {torch.__version__}, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 {prepack.available()}, best of {args.repeats}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    if not args.skip_gemms:
+        gemm_table(Engine.from_pretrained(path, dtype=torch.bfloat16), args.rows, args.repeats)
+    decode(path, args.batch, args.new_tokens, args.repeats)
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ class Transformer:
         self.scale = spec.head_dim ** -0.5 if spec.attn_scale is None else spec.attn_scale
         self.w: dict[str, torch.Tensor] = {}
         self.layers: list[LayerWeights] = []
-        self.linear = PrepackedLinear()  # F.linear's bits, each CPU bf16 weight reordered once (prepack.py)
+        self.linear = PrepackedLinear()  # CPU bf16: weights packed once (native bf16) or fp32 GEMMs (prepack.py)
 
     @classmethod
     def quantizes_activations(cls) -> bool:

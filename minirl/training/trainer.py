@@ -13,6 +13,7 @@ function of ``(seed, step)``, so a resumed run reproduces the uninterrupted one 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -23,6 +24,8 @@ import torch
 from tqdm.auto import tqdm
 
 from minirl import tasks
+from minirl.engine import prepack
+from minirl.engine.bf16_gemm import Bf16Gemms
 from minirl.engine.sampling import SamplingParams
 from minirl.engines import RolloutEngine, build_engine
 
@@ -82,6 +85,10 @@ class Trainer:
         self.model.to(self.device).train()
         self.pairs = compute_pairs(self.model, self.master)
         self.sync_compute()
+        # held over every forward and backward of the bf16 copies: their GEMMs as fp32 GEMMs on bf16
+        # operands where this CPU has no native bf16 (minirl/engine/bf16_gemm.py); a no-op elsewhere
+        self.gemms = (Bf16Gemms() if dtype == torch.bfloat16 and self.device.type == "cpu" and prepack.emulates()
+                      else contextlib.nullcontext())
         if c.router_replay != "none" and not router_replay.routers(self.model):
             raise ValueError(f"router_replay={c.router_replay!r} needs an MoE model (Qwen3-MoE, Mixtral); "
                              f"{self.model_path} has no router: set router_replay: none")
@@ -178,6 +185,10 @@ class Trainer:
         corrections -> zero-variance reshaping -> minibatch updates. The rollouts' own logprobs
         are pi_infer of whatever policy version sampled each token, so the correction covers the
         engine mismatch and, in async runs, the staleness."""
+        with self.gemms:
+            return self._learn(step, rollouts, rewards, group_size)
+
+    def _learn(self, step: int, rollouts: list, rewards: torch.Tensor, group_size: int | None) -> dict[str, float]:
         c, t = self.cfg, time.perf_counter()
         g = group_size or c.group_size
         adv = advantages.ADVANTAGES.call(c.advantage, c, rewards, g).to(self.device)
