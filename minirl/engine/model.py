@@ -92,7 +92,9 @@ class Transformer:
         self.scale = spec.head_dim ** -0.5 if spec.attn_scale is None else spec.attn_scale
         self.w: dict[str, torch.Tensor] = {}
         self.layers: list[LayerWeights] = []
-        self.linear = PrepackedLinear()  # CPU bf16: weights packed once (native bf16) or fp32 GEMMs (prepack.py)
+        # CPU bf16: weights packed once (native bf16) or fp32 GEMMs (prepack.py); transformers' math (aligned,
+        # hf_exact) keeps torch's bf16 GEMM, the one a stock trainer runs, so it stays bit for bit
+        self.linear = PrepackedLinear(exact=knobs.rmsnorm == "hf" and knobs.activation == "hf")
 
     @classmethod
     def quantizes_activations(cls) -> bool:

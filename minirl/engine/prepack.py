@@ -112,7 +112,10 @@ class PrepackedLinear:
     """``linear(x, w, bias)``: ``F.linear``'s bf16 product, at the best rate this CPU has for it
     (packed: its bits; emulated: up to summation order); anything else is ``F.linear``."""
 
-    def __init__(self) -> None:
+    def __init__(self, exact: bool = False) -> None:
+        self.exact = exact
+        """Keep torch's own bf16 kernel (never emulated): an engine whose knobs reproduce transformers'
+        math bit for bit (``aligned``, ``hf_exact``) must run the GEMM a stock bf16 trainer runs."""
         self._packed = WeakIdKeyDictionary()  # weight -> (its version or None, packed weight)
         self._fp32 = Fp32Copies()
 
@@ -120,7 +123,7 @@ class PrepackedLinear:
         """x [..., K], w [O, K], bias [O] or None -> [..., O]."""
         if not _cpu_bf16_inference(x, w, bias):
             return F.linear(x, w, bias)
-        if emulates():
+        if not self.exact and emulates():
             # a tensor-parallel slice is a fresh view each call: nothing to keep
             return emulated_linear(x, self._fp32.get(w) if w.is_contiguous() else w.float(), bias)
         if not (w.is_contiguous() and available()):
