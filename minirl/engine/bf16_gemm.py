@@ -42,10 +42,11 @@ class Bf16Gemms(TorchDispatchMode):
         self.copies = Fp32Copies()
 
     def __torch_dispatch__(self, func: Any, types: tuple, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = dict(kwargs or {})
+        kwargs = kwargs or {}
         fp32_gemm = GEMMS.get(func)
         if fp32_gemm is None or not _cpu_bf16(args):
             return func(*args, **kwargs)
+        kwargs = dict(kwargs)
         out = kwargs.pop("out", None)
         y = fp32_gemm(*(self.fp32(a) if isinstance(a, torch.Tensor) else a for a in args), **kwargs).bfloat16()
         return y if out is None else out.copy_(y)
