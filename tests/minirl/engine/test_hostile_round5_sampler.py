@@ -4,8 +4,9 @@ model, not a crash. A row holding NaN or +inf, or with no token of positive mass
 wrong, never an IndexError from ``inverse_cdf`` nor token 0 with a NaN logprob; the whole batch
 fails, since RL needs every rollout sound. A +inf logit is refused too (at every temperature): it
 is an overflow, and the trainer's log_softmax of the same logits is NaN. ``SamplingParams`` refuses
-a temperature or top_p that float32, where the sampler computes, cannot hold. Case ids:
-../shared/hostile-round5-cases.md, "Sampler"."""
+a temperature or top_p that float32, where the sampler computes, cannot hold. Each test is named by
+its round-5 case id (SM: ``sample`` / ``SamplingParams``, EG: ``Engine.generate``) and says its input;
+the rule they check is docs/engine.md's "Non-finite logits" paragraph."""
 
 from __future__ import annotations
 
