@@ -22,7 +22,7 @@ WITH_VLLM := $(shell [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ] && echo 1)
 PRELOAD = env $$($(PY) -m labs.allocator)
 RUN = $(PRELOAD) $(PY)
 
-.PHONY: venv debs demo test test-avx2 test-all lab bench reproduce notebooks clean gpu-check gpu-wheels
+.PHONY: venv debs demo test test-avx2 test-all lab workshop bench reproduce notebooks clean gpu-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -117,6 +117,12 @@ notebooks: $(STAMP)
 	mkdir -p runs/notebooks
 	MLAB_NOTEBOOK_SMALL=$(SMALL) $(PRELOAD) .venv/bin/jupyter nbconvert --to html --execute \
 		--ExecutePreprocessor.timeout=600 --output-dir runs/notebooks notebooks/*.ipynb
+
+# A host's step before `make lab`: builds every zoo checkpoint and SFT warm-up the notebooks use (labs/workshop.py),
+# one bar with its time, then "The room is ready". Without it notebook 02 first trains tiny-qwen3-moe and 04 its SFT
+# while the attendee waits (README's cold vs warm times).
+workshop: $(STAMP)
+	$(RUN) -m labs.workshop
 
 # --allow-root: JupyterLab refuses to start as root without it (containers, CI boxes).
 lab: $(STAMP)

@@ -20,3 +20,6 @@ __all__ = ["Attribution", "Capture", "CaptureBudgetExceeded", "CaptureFileError"
 __all__ += ["Fingerprint", "fingerprint"]
 from aligntools.drilldown import DrillResult, drill  # noqa: E402
 __all__ += ["DrillResult", "drill"]
+# Subpackages, not in __all__ (no public name shadows a submodule): aligntools.audit is itself callable,
+# aligntools.audit(records, model), so importing it never rebinds a function; aligntools.records.read(path).
+from aligntools import audit, records  # noqa: E402, F401

@@ -15,7 +15,8 @@ import traceback
 from labs import allocator
 
 SUBCOMMANDS = {"zoo": "labs.cli_zoo", "capture": "aligntools.cli.capture", "diff": "aligntools.cli.diff",
-               "check": "aligntools.cli.check", "train": "minirl.cli_train", "plot": "minirl.training.plot"}
+               "check": "aligntools.cli.check", "train": "minirl.cli_train", "plot": "minirl.training.plot",
+               "audit": "aligntools.cli.audit"}
 """Subcommand -> the module that registers it. Only the command being run is imported (``mlab zoo
 list`` should not wait for every other command's torch/transformers imports); ``mlab --help`` and
 an unknown command import all of them, so the usage lists every command."""

@@ -169,3 +169,25 @@ def sweep_figure(sweep: pd.DataFrame) -> Figure:
            title="masked share " + ("grows with" if grows else "does not grow with") + " the mismatch")
     ax.legend(fontsize=8)
     return fig
+
+
+def monitor_reading(log: xr.Dataset) -> str:
+    """Notebook 04 §4: where one run's first divergence sat at each reading and its routing flips, in
+    measured values with their terms explained (the monitor's own sentence reads a fitted line, which
+    printed "2.3e-16 %" for a flat 0, and "moved to none" without saying none means within noise)."""
+    steps = [int(s) for s in log["monitor_step"].values]
+    where = [str(v) or "none" for v in log["monitor_first_divergence"].values]
+    spans = []
+    for site in dict.fromkeys(where):
+        at = [s for s, w in zip(steps, where) if w == site]
+        label = ("no site (every site's error within its float64 noise floor)" if site == "none" else f"`{site}`")
+        spans.append(f"{label} at step{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}")
+    flips = 100 * log["monitor_routing_flips"].mean("layer").values
+    return (f"The first divergence (the first site whose error leaves its float64 noise floor) was {'; '.join(spans)}. "
+            f"Routing flips (probe tokens whose top-k expert set differs, mean over layers) went from "
+            f"{_percent(flips[0])} at step {steps[0]} to {_percent(flips[-1])} at step {steps[-1]}.")
+
+
+def _percent(value: float) -> str:
+    """A measured share in %: an exact 0 reads "0 %", never a float's rounding residue."""
+    return "0 %" if value == 0 else f"{value:.2g} %"

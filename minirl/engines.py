@@ -52,10 +52,12 @@ class RolloutEngine(Protocol):
 
 @dataclass(frozen=True)
 class Options:
-    """A kind's options: name -> its type (``int``, ``bool``) or its valid strings."""
+    """A kind's options: name -> its type (``int``, ``bool``) or its valid strings; ``sizes``: the int
+    options that are sizes (at least 1), refused with the spec rather than when the engine starts."""
 
     kind: str
     types: Mapping[str, type | tuple[str, ...]]
+    sizes: tuple[str, ...] = ()
 
     def read(self, name: str, text: str) -> object:
         """An option's spec text -> its typed value."""
@@ -75,6 +77,9 @@ class Options:
                 raise ValueError(f"{self.kind} option {name}={value!r}; valid values: {', '.join(want)}")
             if isinstance(want, type) and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
                 raise ValueError(f"{self.kind} option {name}={value!r} is not a {want.__name__}")
+            if name in self.sizes and value < 1:
+                raise ValueError(f"{self.kind} option {name}={value!r} is a size and must be at least 1; give a "
+                                 f"positive {name}, or leave it out for the default")
 
     def _want(self, name: str) -> type | tuple[str, ...]:
         if name not in self.types:
@@ -312,12 +317,13 @@ KINDS: dict[str, EngineKind] = {
         rollouts=lambda engine: engine, settings=_minirl_settings),
     "vllm": EngineKind(
         dtypes=("float32", "bfloat16", "float16"), default_dtype="bfloat16",  # no float64 kernels on CPU; a server's dtype
-        options=Options("vllm", {"max_model_len": int, "max_num_seqs": int, "prefix_caching": bool, "seed": int}),
+        options=Options("vllm", {"max_model_len": int, "max_num_seqs": int, "prefix_caching": bool, "seed": int},
+                        sizes=("max_model_len", "max_num_seqs")),
         build=_vllm, rollouts=_vllm_rollouts, settings=_vllm_settings, unavailable=_vllm_unavailable),
     "sglang": EngineKind(
         dtypes=("float32", "bfloat16", "float16"), default_dtype="bfloat16",  # SGLang's CPU path (docs/sglang.md)
-        options=Options("sglang", {"max_total_tokens": int}), build=_sglang, rollouts=_sglang_rollouts,
-        settings=lambda runner: runner.settings(), unavailable=_sglang_unavailable),
+        options=Options("sglang", {"max_total_tokens": int}, sizes=("max_total_tokens",)), build=_sglang,
+        rollouts=_sglang_rollouts, settings=lambda runner: runner.settings(), unavailable=_sglang_unavailable),
 }
 """Every engine kind. hf: transformers (``attn`` / ``experts``: ``attn_implementation`` /
 ``experts_implementation``, a trainer's choice that changes its numerics; unset = what

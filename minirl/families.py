@@ -19,13 +19,23 @@ What the sites mean (the same on every engine):
     sandwich block); blocks without one (parallel, post-norm) have no ``resid_mid``/``mlp_norm``.
 
 Public surface: ``Family`` (one entry), ``FAMILIES`` (by ``model_type``), ``family(config)``,
-``embed_scale(config)``, ``LogitsTransform`` / ``logits_transform(config)``, ``expert_count(config)``. A new family is one
-``Family`` entry here plus its test in tests/families/ (docs/models.md).
+``has_entry(config)``, ``embed_scale(config)``, ``LogitsTransform`` / ``logits_transform(config)``,
+``expert_count(config)``, ``FamilyConfigError``. A new family is one ``Family`` entry here plus its
+test in tests/families/ (docs/models.md).
+
+A family without an entry is read as the Llama shape (``DEFAULT``), but never trusted on that
+alone: ``aligntools.invariants`` proves on every checkpoint the lab loads that the readers above
+compute what the model's own forward computes, and refuses the model where they do not.
+
+Every config value read here is read as the model reads it or refused naming its key
+(``FamilyConfigError``): a scale of 0, NaN or a string is never taken for 1, and a multimodal
+config (Gemma 3) is read through its text config.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Literal
 
@@ -90,8 +100,8 @@ class Family:
     ``logits_multiply_attr`` / ``logits_divide_attr`` / ``softcap_attr``: config attributes of
     the logits transform. ``vllm_layer_returns_sum``: vLLM's layer returns ``(hidden + residual,
     residual)`` rather than ``(delta, residual)``, so its first output already is the residual
-    stream. ``vllm_transformers_backend``: vLLM 0.32 serves the family through
-    ``TransformersForCausalLM`` (transformers' own modules inside vLLM).
+    stream. (Whether vLLM serves a family through its Transformers backend is asked of vLLM's
+    registry, not recorded here: ``minirl.vllm.llm``.)
     """
 
     model_type: str
@@ -102,7 +112,6 @@ class Family:
     logits_divide_attr: str | None = None
     softcap_attr: str | None = None
     vllm_layer_returns_sum: bool = False
-    vllm_transformers_backend: bool = False
 
     @property
     def mlp_norm_names(self) -> tuple[str, ...] | None:
@@ -130,19 +139,31 @@ FAMILIES: dict[str, Family] = _entries(
     Family("cohere", block="parallel", logits_multiply_attr="logit_scale", vllm_layer_returns_sum=True),
     Family("cohere2", block="parallel", logits_multiply_attr="logit_scale", vllm_layer_returns_sum=True),
     Family("stablelm", vllm_layer_returns_sum=True),
-    Family("olmo2", block="post_norm", vllm_transformers_backend=True),
-    Family("olmo3", block="post_norm", vllm_transformers_backend=True),
-    Family("starcoder2", vllm_transformers_backend=True),
-    Family("smollm3", vllm_transformers_backend=True),
-    Family("seed_oss", vllm_transformers_backend=True),
-    Family("arcee", vllm_transformers_backend=True),
-    Family("glm", vllm_transformers_backend=True),
-    Family("gpt_neox", block="parallel", vllm_transformers_backend=True),
+    Family("olmo2", block="post_norm"),
+    Family("olmo3", block="post_norm"),
+    Family("starcoder2"),
+    Family("smollm3"),
+    Family("seed_oss"),
+    Family("arcee"),
+    Family("glm"),
+    Family("gpt_neox", block="parallel"),
     Family("bailing_hybrid"),  # vLLM 0.32 has no BailingHybridForCausalLM: check_model refuses the architecture
+    # outside docs/models.md's first table: post-norm blocks whose vLLM layer returns the sum (EXAONE 4),
+    # logits and embeddings scaled after their modules (Falcon-H1, Granite's MoE variants, Cohere 2 MoE)
+    Family("exaone4", block="post_norm", vllm_layer_returns_sum=True),
+    Family("falcon_h1", embed_scale_attr="embedding_multiplier", logits_multiply_attr="lm_head_multiplier"),
+    Family("granitemoeshared", **_GRANITE),
+    Family("granitemoehybrid", vllm_layer_returns_sum=True, **_GRANITE),
+    Family("cohere2_moe", block="parallel", logits_multiply_attr="logit_scale", vllm_layer_returns_sum=True),
 )
 
-#: What an unknown ``model_type`` is taken to be: a pre-norm block with no scaling anywhere.
+#: What an unknown ``model_type`` is read as: a pre-norm block with no scaling anywhere; the
+#: invariants (``aligntools.invariants``) decide whether that reading is right for a given model.
 DEFAULT = Family("unknown")
+
+
+class FamilyConfigError(ValueError):
+    """A config value the family's readers cannot take as written (names the key and the fix)."""
 
 
 #: Config keys that hold a MoE model's routed-expert count (DeepSeek-V3 says ``n_routed_experts``).
@@ -160,8 +181,13 @@ def expert_count(config: object | dict | None) -> int | None:
 
 def family(config: object | None) -> Family:
     """The entry for ``config.model_type`` (a transformers config or anything with that
-    attribute), or ``DEFAULT`` (Llama-shaped) when the family has none."""
-    return FAMILIES.get(getattr(config, "model_type", None) or "", DEFAULT)
+    attribute), or ``DEFAULT`` (Llama-shaped) when the family has none: ``has_entry`` says which."""
+    return FAMILIES.get(_model_type(config), DEFAULT)
+
+
+def has_entry(config: object | None) -> bool:
+    """Whether ``config``'s family has a tested entry (else the invariants alone vouch for it)."""
+    return _model_type(config) in FAMILIES
 
 
 def embed_scale(config: object | None) -> float | None:
@@ -169,20 +195,56 @@ def embed_scale(config: object | None) -> float | None:
     attr = family(config).embed_scale_attr
     if attr is None:
         return None
+    text = _text_config(config)
     if attr == "sqrt_hidden":
-        return math.sqrt(config.hidden_size)
-    value = getattr(config, attr, None)
-    return None if value in (None, 1, 1.0) else float(value)
+        hidden = getattr(text, "hidden_size", None)
+        if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0:
+            raise FamilyConfigError(f"{_model_type(config)}: hidden_size = {hidden!r} in the config; the embedding "
+                                    "is scaled by its square root, so it must be a positive int")
+        return math.sqrt(hidden)
+    value = _positive(config, attr)
+    return None if value in (None, 1.0) else value
 
 
 def logits_transform(config: object | None) -> LogitsTransform:
     """What ``config``'s model applies after ``lm_head`` (identity for most families)."""
     fam = family(config)
+    multiply, divide, cap = (_positive(config, a) for a in (fam.logits_multiply_attr, fam.logits_divide_attr,
+                                                             fam.softcap_attr))
+    return LogitsTransform(multiply=1.0 if multiply is None else multiply,
+                           divide=1.0 if divide is None else divide, softcap=cap)
 
-    def read(attr: str | None) -> float | None:
-        value = getattr(config, attr, None) if attr else None
-        return None if value is None else float(value)
 
-    return LogitsTransform(multiply=read(fam.logits_multiply_attr) or 1.0,
-                           divide=read(fam.logits_divide_attr) or 1.0,
-                           softcap=read(fam.softcap_attr))
+def _model_type(config: object | None) -> str:
+    value = getattr(config, "model_type", None)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise FamilyConfigError(f"model_type = {value!r} in the config: it must be a string naming the family "
+                                "(e.g. \"llama\")")
+    return value
+
+
+def _text_config(config: object | None) -> object | None:
+    """The config that holds the language model's fields: a multimodal config's text config
+    (transformers' ``get_text_config``; Gemma 3 keeps ``hidden_size`` there), else ``config``."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _positive(config: object | None, attr: str | None) -> float | None:
+    """``attr`` of the (text) config as a positive finite float; None where the family has no
+    such field or the config leaves it unset. A bool, string, 0, negative, NaN or inf is refused
+    by name: the model would compute with it (a scale of 0 makes every logit 0, a soft-cap of 0
+    NaN), and a reader that took it for 1 would be silently wrong."""
+    if attr is None:
+        return None
+    value = getattr(_text_config(config), attr, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0 \
+            or not math.isfinite(1.0 / value):  # 1e-320: its reciprocal (a temperature) overflows
+        raise FamilyConfigError(f"{_model_type(config)}: {attr} = {value!r} in the config; the lab reads it as a "
+                                f"positive finite number (what the model's forward multiplies, divides or caps by). "
+                                f"Fix {attr} in config.json")
+    return float(value)

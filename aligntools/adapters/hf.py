@@ -130,8 +130,11 @@ class HFAdapter(Adapter):
             on(_out_hook(lr.fused_qkv, lambda value: self._emit(f"L{i}.v", lr.fused_v(value))))
         elif "v" in kinds:
             on(_out_hook(lr.attn.v_proj, emitter("v")))
+        # sublayer outputs are copied, never borrowed: the decoder layer owns them, and library code
+        # may accumulate into them after the hook (Falcon's parallel block: `mlp_output += attention_output`)
+        sublayer = lambda kind: lambda value: self._emit(f"L{i}.{kind}", value, borrow=False)  # noqa: E731
         if "attn_out" in kinds:
-            on(_out_hook(lr.attn, emitter("attn_out")))
+            on(_out_hook(lr.attn, sublayer("attn_out")))
         if "resid_mid" in kinds:
             on(lr.mlp_norm.register_forward_pre_hook(lambda m, args: self._emit(f"L{i}.resid_mid", args[0])))
         if "mlp_norm" in kinds:
@@ -139,7 +142,7 @@ class HFAdapter(Adapter):
         if kinds & {"router_logits", "topk_ids", "topk_weights"}:
             on(lr.router.register_forward_hook(lambda m, a, out: self._emit_routing(i, out)))
         if "mlp_out" in kinds:
-            on(_out_hook(lr.mlp, emitter("mlp_out")))
+            on(_out_hook(lr.mlp, sublayer("mlp_out")))
         if "resid_post" in kinds:
             on(_out_hook(lr.layer, emitter("resid_post")))
 
@@ -221,7 +224,7 @@ class HFAdapter(Adapter):
     def _emitter(self, site: str) -> Callable[[torch.Tensor], None]:
         return lambda value: self._emit(site, value)
 
-    def _emit(self, site: str, value: object, owned: bool = False) -> None:
+    def _emit(self, site: str, value: object, owned: bool = False, borrow: bool = True) -> None:
         if self._layout is None or not isinstance(value, torch.Tensor):
             return
         if site not in self._rec.needed:
@@ -231,7 +234,7 @@ class HFAdapter(Adapter):
             self._warn_once(site, f"{site}: output shape {tuple(value.shape)} does not map onto the "
                                   f"{self._layout.batch}x{self._layout.seq} tokens; not captured")
             return
-        self._rec.emit(site, *mapped, owned=owned, borrow=self._borrow)
+        self._rec.emit(site, *mapped, owned=owned, borrow=borrow and self._borrow)
 
     def _emit_routing(self, layer: int, out: object) -> None:
         if isinstance(out, (tuple, list)) and len(out) >= 3 and not out[2].is_floating_point():

@@ -36,7 +36,7 @@ class LayerRoles:
     @property
     def fused_qkv(self) -> nn.Module | None:
         """The one GEMM that makes q, k and v, where the attention has one: ``qkv_proj`` (vLLM,
-        Phi-3: [q | k | v]) or GPT-NeoX's ``query_key_value`` (per head [q_h | k_h | v_h])."""
+        Phi-3: [q | k | v]) or ``query_key_value`` (GPT-NeoX, BLOOM, Falcon: grouped per kv head)."""
         for name in ("qkv_proj", "query_key_value"):
             if isinstance(getattr(self.attn, name, None), nn.Module):
                 return getattr(self.attn, name)
@@ -46,8 +46,18 @@ class LayerRoles:
         """v [..., kv_size] out of the fused projection's output [..., q + 2 kv]."""
         if hasattr(self.attn, "qkv_proj"):
             return split_qkv(qkv, *qkv_sizes(self.attn))[2]
-        head = self.attn.head_size  # GPT-NeoX: view(..., heads, 3 * head) then chunk(3) per head
-        return qkv.unflatten(-1, (-1, 3 * head))[..., 2 * head:].flatten(-2)
+        return grouped_v(self.attn, qkv)
+
+
+def grouped_v(attn: nn.Module, qkv: torch.Tensor) -> torch.Tensor:
+    """v out of a ``query_key_value`` output laid out per kv head as [q heads of the group | k | v]:
+    GPT-NeoX, BLOOM and classic Falcon have one q head per group (``[q_h | k_h | v_h]``), Falcon's
+    new decoder architecture ``heads / kv_heads`` of them, multi-query Falcon one group of all.
+    v is each group's last head. The head size is ``head_size`` (GPT-NeoX) or ``head_dim``; the
+    group count is ``num_kv_heads`` (Falcon) or, without GQA, ``width / (3 * head)``."""
+    head = getattr(attn, "head_size", None) or attn.head_dim
+    groups = getattr(attn, "num_kv_heads", None) or qkv.shape[-1] // (3 * head)
+    return qkv.unflatten(-1, (groups, -1))[..., -head:].flatten(-2)
 
 
 def qkv_sizes(attn: nn.Module) -> tuple[int, int]:

@@ -69,7 +69,7 @@ def _input_ids(args: argparse.Namespace, config: dict):
     """[batch, seq] int64 ids from ``--text`` or ``--ids``, checked against the model."""
     import torch
 
-    from aligntools.cli.inputs import UsageError, check_ids, ids_from_json
+    from aligntools.cli.inputs import UsageError, check_ids, ids_from_json, input_path
 
     if args.text is not None:
         import transformers
@@ -79,7 +79,7 @@ def _input_ids(args: argparse.Namespace, config: dict):
         if not rows[0]:
             raise UsageError("--text gives no tokens; give non-empty text")
     else:
-        path = Path(args.ids)
+        path = input_path(args.ids, "--ids")
         try:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as e:

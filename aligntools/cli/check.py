@@ -44,12 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aligntools.cli.inputs import input_path
     from aligntools.drilldown.gate import drill_first_divergence
     from aligntools.gates.alignment import check_alignment
     from minirl import check_output_file
 
     if args.report:
         check_output_file(args.report, "report")
+    if args.tolerance:
+        input_path(args.tolerance, "--tolerance")  # a FIFO would block its read after the captures
     result = check_alignment(args.model, train=args.train, infer=args.infer, dtype=args.dtype,
                              tokens=args.tokens, tolerance=args.tolerance, progress=sys.stderr.isatty(),
                              exclude=[site for arg in args.exclude for site in arg.split(",") if site])

@@ -51,8 +51,13 @@ def run(args: argparse.Namespace) -> int:
     report says it too."""
     from aligntools.tracker.capture_dataset import CaptureFileError
     from aligntools.analyzer.comparison import compare, load_capture
+    from aligntools.cli.inputs import input_path
 
     try:
+        for what, path, directory in (("capture", args.a, True), ("capture", args.b, True),
+                                      ("--reference", args.reference, True), ("--tolerance", args.tolerance, False)):
+            if path is not None:
+                input_path(path, what, directory)  # a FIFO would block the first open: refused by what it is
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             a, b = load_capture(args.a), load_capture(args.b)

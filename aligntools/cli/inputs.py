@@ -9,6 +9,7 @@ turns it into exit code 2.
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,24 @@ from aligntools.gates.inputs import UsageError  # the one usage-error class (rai
 
 if TYPE_CHECKING:
     from minirl import EngineSpec
+
+
+def input_path(path: str, what: str, directory: bool = False) -> Path:
+    """``path`` as a ``Path`` when it can be read without waiting: a regular file (or, with
+    ``directory``, a directory, as a .zarr capture is), checked by ``stat`` before anything opens
+    it. Why: opening a FIFO blocks until some writer appears, so ``mlab diff fifo b.nc`` hung; a
+    symlink loop, a device or a socket are named as what they are, before any model loads."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except OSError as e:  # missing, a dangling link, a symlink loop (ELOOP)
+        raise UsageError(f"{what} {p}: cannot read it ({e.strerror}); give an existing file") from None
+    if stat.S_ISREG(mode) or (directory and stat.S_ISDIR(mode)):
+        return p
+    from minirl.output_paths import describe_mode
+
+    wanted = "a file or a .zarr directory" if directory else "a file"
+    raise UsageError(f"{what} {p} is {describe_mode(mode)}, not {wanted}; give {wanted}")
 
 
 def checkpoint_config(path: str) -> dict:

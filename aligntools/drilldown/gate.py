@@ -98,12 +98,12 @@ def report_section(r: Report, gate: GateResult) -> Report:
 
 
 def diagnosis_link(r: Report, gate: GateResult) -> Report:
-    """The diagnosis' link to the drill-down section, when there is one."""
+    """The diagnosis' link to the drill-down section, only when a drill ran: without one the section
+    holds a hint of how to run it, and a link promising "the first divergent op" led to no result."""
     drilled = getattr(gate, "drilldown", None)
-    site = drilled.site if drilled is not None else (t.site if (t := target(gate)) else None)
-    if site is None:
+    if drilled is None:
         return r
-    return r.link(f"Drill-down: the ops inside {site} (first divergent op and the knob that aligns it)", ANCHOR)
+    return r.link(f"Drill-down: the ops inside {drilled.site} (first divergent op and the knob that aligns it)", ANCHOR)
 
 
 def drill_first_divergence(gate: GateResult, model: str, train: str, infer: str, dtype: str | None) -> str | None:

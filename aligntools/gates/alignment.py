@@ -17,6 +17,7 @@ flip fraction and the final mean/max |Δ logprob| (``LOGPROB_ATOL``, ``FLIP_ATOL
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -133,6 +134,7 @@ class GateResult:
         out.append(str(fd) if fd else "first divergence: none (no site jumps above its inputs' error)")
         out.extend(["diagnosis:", *(f"  {f}" for f in self.diagnosis)] if self.diagnosis else ["diagnosis: no findings"])
         out.extend(drill_gate.summary_lines(self))
+        out.extend(self.setup.get("invariants", []))
         out.append(self.coverage)
         out.append(self.verdict)
         return "\n".join(out)
@@ -241,10 +243,12 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
     from tqdm.auto import tqdm
 
     from aligntools.analyzer.comparison import compare
+    from aligntools.invariants import prove_capture, prove_model, prove_reading
     from aligntools.tracker.tracker import capture
     from minirl import build_engine, engine_kind
 
     path = validate_checkpoint(model_path)
+    exclude = check_exclude(exclude, possible_sites(path))  # before any capture: a typo costs no minutes
     train_spec = parse_train(train)
     inf = parse_infer(infer, dtype)
     policy = _tolerance(tolerance)
@@ -263,9 +267,11 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
     # (olmo2, starcoder2, ...) alters that family's transformers classes once it builds one; the
     # float64 model is dropped once captured, so it never sits beside the engine (2 GB on Gemma 3 270M)
     train_cap = step("train capture", lambda: capture(train_model, ids, progress=False))
+    proofs = [prove_model(train_model, train_cap, ids).require()]  # a model read wrongly gets no verdict
     ref_cap = step("float64 capture", lambda: capture(load_hf(path, "float64"), ids, progress=False))
     engine = build_engine(inf.built, path)
     infer_cap = step("infer capture", lambda: capture(engine, ids, progress=False))
+    proofs.append(prove_capture(infer_cap, train_model, where=inf.label).require())
     floor = step("noise floor", lambda: compare(ref_cap, train_cap, labels=("hf:float64", "train")))
     floors, _ = Tolerance.usable_floors({s: r.summary["rel_l2"] for s, r in floor.results.items()
                                          if "rel_l2" in r.summary})
@@ -279,23 +285,60 @@ def check_alignment(model_path: str | os.PathLike, train: str = "hf", infer: str
              "train_kernels": {"attn": train_model.config._attn_implementation,
                                "experts": getattr(train_model.config, "_experts_implementation", None)}}
     setup["sites"] = site_coverage(train_cap.sites, infer_cap.sites, cmp.table.index, exclude)
-    return _verdict(cmp, floor, floors, setup, coarser(train_spec.dtype, inf.spec.dtype))
+    result = _verdict(cmp, floor, floors, setup, coarser(train_spec.dtype, inf.spec.dtype))
+    proofs.append(prove_reading(train_model, result.table["rel_l2"].dropna().to_dict(),
+                                bool(result.logprob["passes"].all()), where=inf.label).require())
+    setup["invariants"] = [p.line() for p in proofs]
+    return result
 
 
 def site_coverage(train: Iterable[str], infer: Iterable[str], compared: Iterable[str],
                   exclude: Iterable[str] = ()) -> dict:
     """What the gate compared out of what the two captures hold: counts, the sites on one side
-    only (execution order) and the excluded ones; an excluded name neither side has is a usage
-    error (a typo would otherwise exclude nothing, silently)."""
-    train, infer, exclude = set(train), set(infer), list(dict.fromkeys(exclude))
-    unknown = [s for s in exclude if s not in train | infer]
-    if unknown:
-        raise GateUsageError(f"--exclude {', '.join(unknown)}: no such site in either capture "
-                             f"(sites: {', '.join(S.sort_sites(list(train | infer)))})")
+    only (execution order) and the excluded ones; ``exclude`` is held to ``check_exclude`` against
+    the sites the captures hold (a typo would otherwise exclude nothing, silently)."""
+    train, infer = set(train), set(infer)
+    exclude = check_exclude(exclude, train | infer)
     keep = lambda names: S.sort_sites([s for s in names if s not in exclude])  # noqa: E731
     done = [s for s in compared if s not in exclude]
     return {"compared": len(done), "total": len((train | infer) - set(exclude)), "only_train": keep(train - infer),
             "only_infer": keep(infer - train), "excluded": S.sort_sites(exclude)}
+
+
+def possible_sites(path: Path) -> list[str]:
+    """Every site name a capture of the checkpoint at ``path`` may hold (routing sites on every layer:
+    whether a layer is MoE is the engines' reading), from its config.json's layer count; what
+    ``check_exclude`` holds ``exclude`` to before the captures run."""
+    config = json.loads((path / "config.json").read_text())
+    n_layers = config.get("num_hidden_layers", (config.get("text_config") or {}).get("num_hidden_layers"))
+    n_layers = n_layers if isinstance(n_layers, int) and not isinstance(n_layers, bool) else 0
+    return S.all_sites(n_layers, moe_layers=set(range(n_layers)))
+
+
+def check_exclude(exclude: object, sites: Iterable[str]) -> list[str]:
+    """``exclude``'s site names, each once, checked against ``sites`` (what may be compared). Refused:
+    a string or non-list (``"logits"`` would be seven one-letter names), a name that is not a string
+    or not one of ``sites`` (quoted, so a stray space shows; globs are not read), every site but the
+    routing ones (nothing left to compare), and ``logits``: the final logprob check reads it."""
+    if isinstance(exclude, (str, bytes)) or not isinstance(exclude, Iterable):
+        raise GateUsageError(f"exclude={exclude!r}: expected a list of site names, e.g. exclude=['L0.q']")
+    names, sites = list(dict.fromkeys(exclude)), S.sort_sites(list(set(sites)))
+    odd = [n for n in names if not isinstance(n, str)]
+    if odd:
+        raise GateUsageError(f"exclude: {odd[0]!r} is not a site name; give names such as 'L0.q' (sites: "
+                             f"{', '.join(sites)})")
+    unknown = [n for n in names if n not in sites]
+    if unknown:
+        glob = " (names are exact: patterns such as 'L*' are not expanded)" if any("*" in n for n in unknown) else ""
+        raise GateUsageError(f"--exclude {', '.join(map(repr, unknown))}: no such site in either capture{glob} "
+                             f"(sites: {', '.join(sites)})")
+    if all(s in names for s in sites if S.parse(s).kind not in S.ROUTING_SITES):
+        raise GateUsageError(f"--exclude names every site ({len(names)}): nothing left to compare; exclude only "
+                             f"the sites the verdict should leave out")
+    if "logits" in names:
+        raise GateUsageError("--exclude logits: logits cannot be excluded, the final logprob check (the gate's "
+                             "third) reads it; exclude layer sites only")
+    return names
 
 
 def _tolerance(tolerance: str | os.PathLike | Tolerance | None) -> Tolerance:

@@ -166,15 +166,15 @@ def follow_attention(train_attention: str | None) -> dict[str, str]:
 
 def parse_infer(spec: str, dtype: str | None) -> InferSpec:
     """An engine that generates rollouts (``minirl[:PRESET|DTYPE][,knob=value...]``,
-    ``vllm[:DTYPE][,option=value...]``) and can run here; the dtype is the spec's, else
-    ``dtype``, else the kind's default (``minirl.engines.KINDS``)."""
+    ``vllm[:DTYPE][,option=value...]``, ``sglang[:DTYPE][,max_total_tokens=N]``) and can run here; the
+    dtype is the spec's, else ``dtype``, else the kind's default (``minirl.engines.KINDS``)."""
     from minirl import engine_kind
 
     parsed = _parse(spec)
     row = engine_kind(parsed.kind)
     if row.rollouts is None:
-        raise UsageError(f"--infer must be minirl[:PRESET][,knob=value...] or vllm[:DTYPE][,option=value...]; "
-                         f"got {spec!r}")
+        raise UsageError(f"--infer must be minirl[:PRESET][,knob=value...], vllm[:DTYPE][,option=value...] or "
+                         f"sglang[:DTYPE][,max_total_tokens=N]; got {spec!r} ({parsed.kind} does not roll out)")
     reason = row.unavailable()
     if reason:
         raise UsageError(f"--infer {spec}: {reason}")

@@ -186,6 +186,21 @@ def _checked_ids(input_ids: object, vocab: int | None) -> torch.Tensor:
     return ids.to(torch.int64)
 
 
+def _warn_without_entry(target: object) -> None:
+    """A transformers model whose family has no ``minirl.families`` entry has its sites read as the
+    Llama shape, unproved: say so, and how to prove it (``mlab check`` always does)."""
+    config = getattr(target, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if not isinstance(model_type, str):
+        return
+    from minirl.families import has_entry
+
+    if not has_entry(config):
+        warnings.warn(f"{model_type}: no `Family` entry in minirl/families.py, so its sites are read as the Llama "
+                      f"shape, unproved; `aligntools.invariants.prove_model(model).require()` proves that reading or "
+                      f"refuses it (mlab check runs it)", stacklevel=3)
+
+
 def capture(target: object, input_ids: torch.Tensor, sites: str | list[str] = "*", mode: Mode = "tensor",
             *, batch_size: int | None = None, **tracker_kwargs) -> Capture:
     """Run one teacher-forced forward (``engine.score`` for a minirl Engine) of
@@ -197,6 +212,7 @@ def capture(target: object, input_ids: torch.Tensor, sites: str | list[str] = "*
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                    or batch_size <= 0):
         raise ValueError(f"batch_size must be a positive integer (or None for one call); got {batch_size!r}")
+    _warn_without_entry(target)
     tracker = Tracker(target, sites, mode, **tracker_kwargs)
     ids = _checked_ids(input_ids, tracker.adapter.vocab_size())
     step = batch_size or ids.shape[0]

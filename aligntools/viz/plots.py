@@ -48,6 +48,12 @@ def growth_curve(cmp: Comparison, metric: str = "rel_l2", ax: Axes | None = None
     if fd is not None and fd.site in t.index:
         i = list(t.index).index(fd.site)
         ax.semilogy([i], [y[i]], "o", color="red", ms=9, mfc="none", label=f"first divergence: {fd.site}")
+    worst = _worst(t, metric)
+    if worst is not None:
+        i = list(t.index).index(worst)
+        what = (f"{t.loc[worst, metric] / t.loc[worst, 'limit']:.3g}x its limit" if metric == "rel_l2"
+                else f"{metric} {t.loc[worst, metric]:.3g}")
+        ax.semilogy([i], [y[i]], "s", color="#8e44ad", ms=10, mfc="none", label=f"worst: {worst} ({what})")
     g = cmp.growth
     spikes = g[g["jumps"] & np.isfinite(g["growth"])]["growth"].reindex(t.index).dropna()
     if len(spikes):  # the largest jump over its inputs, named where the eye lands
@@ -64,6 +70,14 @@ def growth_curve(cmp: Comparison, metric: str = "rel_l2", ax: Axes | None = None
     return fig
 
 
+def _worst(t, metric: str) -> str | None:
+    """The site the gate's verdict quotes as worst: furthest over its limit (``rel_l2``), else the
+    largest ``metric``; None when no site has a finite value."""
+    score = t[metric] / t["limit"] if metric == "rel_l2" and "limit" in t else t[metric]
+    score = score[np.isfinite(score.to_numpy(float))]
+    return score.idxmax() if len(score) else None
+
+
 def token_matrix(cmp: Comparison, sites: list[str], metric: str = "rel_l2") -> np.ndarray:
     """[tokens, len(sites)] per-token ``metric`` (NaN where a site lacks it)."""
     n = len(cmp.alignment)
@@ -77,8 +91,6 @@ BADNESS: dict[str, tuple[str, object]] = {
 }
 """Metrics where a larger value means *better*, mapped so that a larger value means worse (label,
 transform): every heatmap reads the same way, bright = worse, as the notebooks teach."""
-LOG_SPAN = 100.0
-"""A colour scale goes logarithmic when the positive values span more than this factor."""
 
 
 def badness(mat: np.ndarray, metric: str) -> tuple[np.ndarray, str]:
@@ -88,12 +100,13 @@ def badness(mat: np.ndarray, metric: str) -> tuple[np.ndarray, str]:
 
 
 def colour_norm(values: np.ndarray) -> Normalize:
-    """Log colours when the finite positive values span decades (exact zeros then drawn in the
-    darkest colour), linear otherwise: −SQNR is negative, and a log scale over cosines near 1
-    turned whole heatmaps one colour."""
+    """Log colours whenever the finite values are non-negative and not all equal (exact zeros then
+    drawn in the darkest colour): errors are ratios, and on a linear scale a few bright tokens
+    turned the demo's heatmap nearly all black. Linear for signed values: −SQNR is negative (and
+    raw cosines near 1 are never shown, ``badness`` turns them into 1 − cosine)."""
     v = values[np.isfinite(values)]
     pos = v[v > 0]
-    if pos.size and (v >= 0).all() and pos.max() > LOG_SPAN * pos.min():
+    if pos.size and (v >= 0).all() and pos.max() > pos.min():
         return LogNorm(vmin=pos.min(), vmax=pos.max())
     lo, hi = (float(v.min()), float(v.max())) if v.size else (0.0, 1.0)
     return Normalize(vmin=lo, vmax=hi if hi > lo else lo + 1.0)

@@ -18,7 +18,10 @@ import io
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+
+from aligntools.viz.tables import FingerprintLike, fingerprint_html
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1280px;margin:2em auto;padding:0 1em;color:#222}
@@ -100,8 +103,7 @@ class Report:
         self._blocks.append(self._table_html(top, bad, float_format, formats) if len(top) else
                             "<p>No row fails.</p>")
         if len(rest):
-            n_fail = int(bad[rest.index].sum())
-            summary = f"{len(rest)} more rows ({n_fail} failing, {len(rest) - n_fail} passing)"
+            summary = f"{len(rest)} more rows ({_counts(rest, bad[rest.index])})"
             self._blocks.append(f"<details><summary>{html.escape(summary)}</summary>"
                                 f"{self._table_html(rest, bad, float_format, formats)}</details>")
         return self
@@ -117,6 +119,12 @@ class Report:
             rows.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
                 f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+    def fingerprint(self, fp: FingerprintLike) -> "Report":
+        """A ``Fingerprint`` as its tables (closest setting, differing knobs, worst sites), the same
+        HTML a notebook shows: its one-line repr printed raw was unreadable in the demo's report."""
+        self._blocks.append(f'<div class="scroll">{fingerprint_html(fp)}</div>')
+        return self
 
     def figure(self, fig, caption: str = "") -> "Report":
         """Embed a matplotlib figure as a base64 PNG (the figure itself is left open)."""
@@ -163,6 +171,16 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _counts(rows: pd.DataFrame, bad: pd.Series) -> str:
+    """"2 failing, 8 passing, 2 n/a": a row passes only where its ``passes`` cell is True; one that reads
+    anything else (``n/a``: an expert-id row, gated elsewhere) is counted apart, not as passing."""
+    n_fail = int(bad.sum())
+    verdicts = rows["passes"][~bad] if "passes" in rows.columns else pd.Series(True, index=rows.index[~bad])
+    n_pass = int(sum(v is True or v is np.True_ for v in verdicts))
+    n_na = len(rows) - n_fail - n_pass
+    return f"{n_fail} failing, {n_pass} passing" + (f", {n_na} n/a" if n_na else "")
 
 
 def _cell(value: object, float_format: str) -> str:

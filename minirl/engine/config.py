@@ -10,7 +10,48 @@ Which architecture fills the spec is the registry's business (``minirl.engine.ar
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+class ConfigFieldError(ValueError):
+    """A config.json value the engine cannot compute with, named by its key before any weight is
+    read: a kernel's own complaint ("eps must be > 0") or a shape of ``'abc'`` does not say which
+    line of which file to fix."""
+
+    def __init__(self, key: str, value: object, want: str) -> None:
+        super().__init__(f"config.json: {key}={value!r}: {key} must be {want}; fix {key} in the checkpoint's "
+                         f"config.json")
+
+
+def positive_number(cfg: dict, key: str, default: float | None = None) -> float | None:
+    """``cfg[key]`` as a positive finite float (``default`` when absent or null): an eps, a RoPE base,
+    a score scale or a soft-cap of 0, below 0, NaN, inf or a string is refused by name."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigFieldError(key, value, "a positive finite number")
+    return float(value)
+
+
+def positive_int(cfg: dict, key: str, optional: bool = False) -> int | None:
+    """``cfg[key]`` as an int >= 1 (a size: hidden_size, a head count, a window); ``optional``: None
+    when absent or null, else a missing key is a ``KeyError`` as before."""
+    value = cfg.get(key) if optional else cfg[key]
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigFieldError(key, value, "an int >= 1")
+    return value
+
+
+def json_bool(cfg: dict, key: str, default: bool) -> bool:
+    """``cfg[key]`` as a JSON true/false: the string ``"false"`` is truthy in Python and would tie
+    the embeddings of a checkpoint that says not to."""
+    value = cfg.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigFieldError(key, value, "true or false (a JSON boolean, not a string)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -157,8 +198,11 @@ def layer_windows(cfg: dict, every_layer: bool = False) -> tuple[int | None, ...
     layers of ``layer_types`` (Gemma 2/3 always; Qwen2/3 and SmolLM3 only with
     ``use_sliding_window``), or on every layer (``every_layer``: Mistral's ``sliding_window``).
     A window that covers ``max_position_embeddings`` changes nothing and is dropped."""
-    window, n = cfg.get("sliding_window"), cfg["num_hidden_layers"]
-    if not window or not cfg.get("use_sliding_window", True) or window >= cfg["max_position_embeddings"]:
+    n = cfg["num_hidden_layers"]
+    if cfg.get("sliding_window") is None or not cfg.get("use_sliding_window", True):
+        return ()
+    window = positive_int(cfg, "sliding_window")  # 0 would mask every key; transformers fails on it
+    if window >= cfg["max_position_embeddings"]:
         return ()
     if every_layer:
         return (int(window),) * n
@@ -177,25 +221,26 @@ def rope_params(cfg: dict) -> dict:
 
 
 def rope_theta(cfg: dict) -> float:
-    return float(rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    params = rope_params(cfg)
+    return positive_number(params, "rope_theta") or positive_number(cfg, "rope_theta", 10000.0)
 
 
 def dense_fields(cfg: dict, *, qkv_bias: bool, o_bias: bool, qk_norm: bool = False) -> dict:
     """The ModelSpec fields every Llama-shaped decoder shares (attention, dense MLP, RoPE); the
     family says which biases and norms its attention has (its config fields differ)."""
-    hidden, n_heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or hidden // n_heads
+    hidden, n_heads = positive_int(cfg, "hidden_size"), positive_int(cfg, "num_attention_heads")
+    head_dim = positive_int(cfg, "head_dim", optional=True) or hidden // n_heads
     partial = rope_params(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     return dict(
         arch=cfg["model_type"],
-        vocab_size=cfg["vocab_size"],
+        vocab_size=positive_int(cfg, "vocab_size"),
         hidden_size=hidden,
-        n_layers=cfg["num_hidden_layers"],
+        n_layers=positive_int(cfg, "num_hidden_layers"),
         n_heads=n_heads,
         n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
         head_dim=head_dim,
-        intermediate_size=cfg["intermediate_size"],
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        intermediate_size=positive_int(cfg, "intermediate_size"),
+        rms_norm_eps=positive_number(cfg, "rms_norm_eps", 1e-6),
         rope_theta=rope_theta(cfg),
         rotary_dim=int(head_dim * partial),
         max_positions=cfg["max_position_embeddings"],
@@ -203,7 +248,7 @@ def dense_fields(cfg: dict, *, qkv_bias: bool, o_bias: bool, qk_norm: bool = Fal
         o_bias=o_bias,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         qk_norm=qk_norm,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=json_bool(cfg, "tie_word_embeddings", False),
         eos_token_ids=eos_token_ids(cfg),
         mlp_act=mlp_act(cfg),
     )

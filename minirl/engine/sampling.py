@@ -145,6 +145,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
     trainer's forward computes; processed = under the distribution actually sampled from.
     Raises ``NonFiniteLogitsError`` naming the rows (``rows``' ids) no token can be drawn from.
     """
+    if logits.shape[-1] == 0:  # a model with vocab_size 0: no token to draw (torch's reductions raise IndexError)
+        raise ValueError(f"sampling step {step}: the logits have shape {list(logits.shape)}, a vocabulary of 0 "
+                         f"tokens, so there is no token to draw; check the model's vocab_size (its config.json)")
     z = plain = logits.float()  # [B, V]
     _check_rows(z, params.temperature, rows, step)
     raw = z.log_softmax(-1)
@@ -220,7 +223,11 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     token whose float64 cumulative weight reaches ``u`` times the row's total. A token of weight
     0 is never returned: the block searched has a positive sum (the first block whose cumulative
     sum reaches a positive target), and inside it the target is capped at the block's own
-    cumulative total, which the last positive token of the block first reaches."""
+    cumulative total, which the last positive token of the block first reaches; ``u`` of 1 gives the
+    row's last positive token. Outside the preconditions (an internal function: ``uniforms`` never
+    gives 0 or 1, ``sample`` refuses a row with no positive weight first, and its weights are
+    probabilities) the result is an index in [0, V) but unspecified: ``u`` of 0 and an all-zero row
+    give token 0, whatever its weight."""
     b, v = weights.shape
     full = v // BLOCK * BLOCK
     sums = [weights[:, :full].view(b, -1, BLOCK).sum(-1, dtype=torch.float64)] if full else []  # [B, v // BLOCK]

@@ -11,12 +11,21 @@ Operand sizes set the difficulty: SmolLM2-135M is right on ~3 % of 2-digit ± 2-
 a shorter completion scores 0 however right its number. Without it, RL on this task shrinks the
 completions to the bare number (~9 tokens within 30 steps, docs/measurements/2026-12-02-collapse-arms.md),
 and a train-inference mismatch has nothing to compound over.
+
+How the verifier reads odd completions (words are what ``str.split`` separates): a decimal is read
+by its last integer ("7.0" ends in the integer 0: an answer is written as an integer, as asked);
+any script's decimal digits count (Arabic-Indic "٧" is 7); non-breaking spaces separate words,
+zero-width spaces do not (and sit beside a digit without hiding it); "7-0" is 7 then -0, so its last
+integer is 0; an integer longer than Python converts (4,300 digits) is no answer (False, never an
+exception). 1-digit ± 1-digit has 155 distinct problems (100 sums and 55 differences with the larger
+operand first), so ``n_train + n_eval`` above that is refused when the splits are drawn.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import sys
 from dataclasses import dataclass
 
 from minirl.tasks.base import Problem
@@ -62,6 +71,14 @@ def _operand(rng: random.Random, digits: int) -> int:
 
 
 def last_integer(text: str) -> int | None:
-    """The last integer written in ``text`` (thousands commas ignored), None when there is none."""
+    """The last integer written in ``text`` (thousands commas ignored; any script's decimal digits, as
+    ``int`` reads them: Arabic-Indic ``٧`` is 7), None when there is none or when it has more digits
+    than Python converts (``sys.get_int_max_str_digits()``, 4,300): no answer here is that long, and a
+    completion of 5,000 digits must score False, not raise ValueError out of the verifier."""
     found = _INTEGER.findall(text.replace(",", ""))
-    return int(found[-1]) if found else None
+    if not found:
+        return None
+    sign, digits = ("-", found[-1][1:]) if found[-1].startswith("-") else ("", found[-1])
+    digits = digits.lstrip("0") or "0"
+    limit = sys.get_int_max_str_digits()
+    return int(sign + digits) if not limit or len(digits) <= limit else None

@@ -15,10 +15,13 @@ What can go wrong, and what happens:
 * non-finite weights or optimizer state: ``save`` refuses (naming the tensor), so a checkpoint
   is always one a run can continue from; ``load`` refuses a file that has one anyway.
 * a damaged file: ``load`` raises ``CheckpointError`` naming the file and what is wrong.
+* a full disk: ``save`` raises ``CheckpointError`` naming the checkpoint and that it needs room
+  for a second copy; the partial copy is removed, the previous checkpoint stays.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -29,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 
@@ -49,16 +52,13 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        save_file(weights, tmp / "model.safetensors", metadata={"tied": json.dumps(tied)})
-        save_file(opt_tensors, tmp / "optimizer.safetensors")
-        (tmp / "optimizer.json").write_text(json.dumps(opt["param_groups"]))
-        rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        save_file(rng, tmp / "rng.safetensors")
-        py_state = random.getstate()
-        full = {**state, "python_random": [py_state[0], list(py_state[1]), py_state[2]]}
-        (tmp / "state.json").write_text(json.dumps(full))
+        try:
+            _write(tmp, weights, tied, opt_tensors, opt["param_groups"], state)
+        except (OSError, SafetensorError) as e:
+            if not _disk_full(e):
+                raise
+            nbytes = sum(t.nbytes for t in (*weights.values(), *opt_tensors.values()))
+            raise CheckpointError(_no_room(path, tmp, nbytes)) from None
         old = _old(path)
         moved = path.exists()
         if moved:  # the previous checkpoint steps aside; an older .old is superseded by it
@@ -70,6 +70,36 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def _write(tmp: Path, weights: dict, tied: dict, opt_tensors: dict, param_groups: list, state: dict) -> None:
+    """A checkpoint's files into the fresh directory ``tmp`` (``save`` swaps it in)."""
+    save_file(weights, tmp / "model.safetensors", metadata={"tied": json.dumps(tied)})
+    save_file(opt_tensors, tmp / "optimizer.safetensors")
+    (tmp / "optimizer.json").write_text(json.dumps(param_groups))
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    save_file(rng, tmp / "rng.safetensors")
+    py_state = random.getstate()
+    (tmp / "state.json").write_text(json.dumps({**state, "python_random": [py_state[0], list(py_state[1]),
+                                                                           py_state[2]]}))
+
+
+def _disk_full(e: BaseException) -> bool:
+    """Whether ``e`` says the disk is full: ``OSError`` ENOSPC, or safetensors' own error quoting it
+    ("... No space left on device (os error 28)": it is no OSError)."""
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or f"(os error {errno.ENOSPC})" in str(e)
+
+
+def _no_room(path: Path, tmp: Path, nbytes: int) -> str:
+    """A full disk at a save: what was being written and why it needs room (the previous copy stays)."""
+    then = ("the previous checkpoint and the log up to it are intact: free space there, then continue with --resume"
+            if exists(path) else "no checkpoint was written yet: free space there (or set another out_dir) and start "
+            "again with --overwrite")
+    return (f"no space left on the device of {path.parent} while writing the checkpoint {path} (into {tmp.name} "
+            f"beside it): a checkpoint is written in full beside the previous one before it replaces it, so the "
+            f"disk needs room for a second copy (~{nbytes / 1e6:.1f} MB); {then}")
 
 
 def exists(path: str | os.PathLike) -> bool:

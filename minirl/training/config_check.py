@@ -151,6 +151,9 @@ def check_task(task: str, task_kwargs: dict) -> None:
     from minirl.tasks import factory
 
     make = factory(task)
+    if "name" in task_kwargs:  # every task class has a `name` field, which would take it and rename the task
+        raise ValueError(f"task_kwargs.name={short(task_kwargs['name'])}: `name` is not a task option (the task is "
+                         f"named by the `task` key, here {task!r}); remove it from task_kwargs")
     _check_task_options(make, task_kwargs)
     try:
         built = make(**task_kwargs)

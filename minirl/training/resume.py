@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minirl.training import checkpointing
+from minirl.training import attention, checkpointing
 from minirl.training.train_config import TrainConfig
 
 APPLIED = ("steps", "eval_every", "checkpoint_every", "monitor_every", "max_nan_steps", "progress", "report_to", "device", "out_dir",
@@ -42,7 +42,11 @@ def check(config: TrainConfig, state: dict, path: Path) -> dict[str, tuple]:
     identity = state.get("model_identity")
     same_model = identity == checkpointing.model_identity(config.model) if identity else \
         saved.get("model", config.model) == config.model
-    return changes(saved, config.to_dict(), same_model)
+    # compare kernels, not `auto`: a run saves what its `auto` resolved to (minirl.training.attention),
+    # and a checkpoint whose state kept `auto` (a Ray learner's) resolves the same way for the same model
+    if saved.get("trainer_attention") == "auto":
+        saved = {**saved, "trainer_attention": attention.resolve("auto", config.model)}
+    return changes(saved, attention.resolved(config).to_dict(), same_model)
 
 
 def check_before_loading(config: TrainConfig) -> None:

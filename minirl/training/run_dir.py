@@ -40,6 +40,8 @@ from minirl.output_paths import describe_mode
 
 MANIFEST = ".mlab-run.json"
 LOCK = ".mlab-run.lock"
+LOCK_WAIT_S = 0.5
+"""How long a held lock is retried before the run holding it is named: a check looks for an instant."""
 OWNED = ("config.yaml", "metrics.nc", ".metrics.nc.tmp", "checkpoint", ".checkpoint.old", "curves.png")
 """what every run writes at the top of ``out_dir`` (``tensorboard/`` holds only the event files it lists)."""
 CHECKPOINTS = ("checkpoint", ".checkpoint.old")
@@ -94,7 +96,7 @@ class RunDir:
         path.mkdir(parents=True, exist_ok=True)
         fd = _take_lock(path)
         try:
-            check(out_dir, resume, overwrite)  # again under the lock: the holder may have changed it
+            _check_contents(path, resume, overwrite)  # again under the lock: the holder may have changed it
             run = cls(path, fd)
         except BaseException:
             os.close(fd)
@@ -154,25 +156,32 @@ def check(out_dir: str | os.PathLike, resume: bool, overwrite: bool) -> None:
     """Refuse (``RunDirError``) what ``out_dir`` cannot take, before anything loads: a run there
     and neither ``resume`` nor ``overwrite``; ``resume`` with no run or no checkpoint; files of
     someone else's where the run would write; an overwrite that would remove or replace what is
-    not the run's (``start`` removes only after this holds). (``out_dir: ''`` is refused with the config.)"""
+    not the run's (``start`` removes only after this holds). A run holding ``out_dir`` is named first,
+    whatever else holds. (``out_dir: ''`` is refused with the config.)"""
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise RunDirError(f"out_dir {out_dir} is a file, not a directory; set another out_dir")
+    _refuse_if_in_use(path)
+    _check_contents(path, resume, overwrite)
+
+
+def _check_contents(path: Path, resume: bool, overwrite: bool) -> None:
+    """``check`` of what ``path`` holds (``RunDir.open`` asks again once it holds the lock)."""
     manifest = _load(path)
     if manifest is None:
         if resume:
-            raise RunDirError(f"--resume: {out_dir} holds no run (no {MANIFEST}), so there is nothing to resume; "
+            raise RunDirError(f"--resume: {path} holds no run (no {MANIFEST}), so there is nothing to resume; "
                               f"drop --resume to start a new run")
         foreign = sorted(n for n in OWNED if (path / n).exists() or (path / n).is_symlink())
         if foreign:
-            raise RunDirError(f"out_dir {out_dir} has files no run wrote there ({', '.join(foreign)}; no {MANIFEST}); "
+            raise RunDirError(f"out_dir {path} has files no run wrote there ({', '.join(foreign)}; no {MANIFEST}); "
                               f"a run would overwrite them: set another out_dir")
         return
     if resume:
         _check_checkpoint(path)
     elif not overwrite:
         present = ", ".join(n for n in manifest.files if (path / n).exists())
-        raise RunDirError(f"out_dir {out_dir} already holds a run ({present}); continue it with --resume, replace "
+        raise RunDirError(f"out_dir {path} already holds a run ({present}); continue it with --resume, replace "
                           f"it with --overwrite (only the run's own files), or set another out_dir")
     else:
         _plan(path, manifest)
@@ -468,6 +477,36 @@ def _take_lock(path: Path) -> int:
     """``path``'s lock, held: an fd of the regular file ``.mlab-run.lock`` under ``flock``, now
     holding this pid. Anything else there (a link, a FIFO, a socket, a device, a directory) is
     refused at once, before it is opened through or written; the file is truncated only once held."""
+    fd = _open_lock(path)
+    try:
+        _flock(fd, path)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refuse_if_in_use(path: Path) -> None:
+    """``check``'s first question: is another run holding ``path``'s lock? Asked before what the
+    directory holds, since a live run's files would otherwise be met with "use --resume or
+    --overwrite", which is no answer while that run writes them. The lock is taken for an
+    instant and dropped (``_flock`` waits out such instants); nothing is created."""
+    try:
+        fd = os.open(path / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # no lock (a first run), or a link: ``_take_lock`` names what it is
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device: ``_take_lock`` refuses it by name
+            _flock(fd, path)
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _open_lock(path: Path) -> int:
+    """An fd of ``path``'s lock file (created if need be), opened without following a link or blocking
+    on a FIFO; refused by name unless it is a regular file."""
     lock = path / LOCK
     try:
         mode = os.lstat(lock).st_mode
@@ -480,22 +519,26 @@ def _take_lock(path: Path) -> int:
     except OSError as e:  # replaced since the lstat (ELOOP: a link now)
         raise RunDirError(f"cannot open the run lock {lock}: {e.strerror}; if it is not a regular file, "
                           f"remove it and start again") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise _not_a_lock(lock, mode)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_a_lock(lock, mode)
+    return fd
+
+
+def _flock(fd: int, path: Path) -> None:
+    """Hold ``fd``'s lock, or refuse naming the run that holds it. A holder that lets go within
+    ``LOCK_WAIT_S`` is another start's ``_refuse_if_in_use`` looking, not a run: waited out."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
         except BlockingIOError:
-            holder = _holder(fd)
-            raise RunDirError(f"out_dir {path} is in use by another run ({holder}, holding {lock}); "
-                              f"wait for it to finish, or set another out_dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+            if time.monotonic() >= deadline:
+                raise RunDirError(f"out_dir {path} is in use by another run ({_holder(fd)}, holding {path / LOCK}); "
+                                  f"wait for it to finish, or set another out_dir") from None
+            time.sleep(0.01)
 
 
 def _holder(fd: int) -> str:

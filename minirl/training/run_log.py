@@ -15,6 +15,7 @@ error) and ``monitor_step`` x ``layer`` (routing flips): docs/runs.md lists the 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -63,7 +64,16 @@ class RunLog:
         if self.readings:
             ds = ds.merge(monitor_dataset(self.readings))
         ds.attrs["events"] = json.dumps(self.events)
-        ds.to_netcdf(tmp, engine="h5netcdf")
+        data = ds.to_netcdf(engine="h5netcdf")  # built in memory: a full disk is then an OSError of ours, not
+        try:  # an HDF5 error whose half-written file crashes the interpreter at exit (exit 139, not 2)
+            tmp.write_bytes(data)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno != errno.ENOSPC:
+                raise
+            raise OSError(errno.ENOSPC, f"no space left on the device of {self.path.parent} while writing the run "
+                                        f"log {self.path} (as {tmp.name}); the log as of the previous step is intact: "
+                                        f"free space there, then continue with --resume") from None
         os.replace(tmp, self.path)
         self.unwritten = False
 

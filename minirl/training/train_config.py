@@ -187,15 +187,20 @@ class TrainConfig:
     ``ppo_micro_batch_size``): peak memory follows it, not the group. The loss is normalised as one
     batch (the minibatch's token or sequence count, every ``agg`` mode), so the update is the
     unsplit one up to float rounding; 0 = the whole minibatch at once. Not with ``loss: espo``."""
-    trainer_dtype: str = one_of("float32", ("float32", "bfloat16"))
+    trainer_dtype: str = one_of("float32", ("float32", "bfloat16", "float16"))
     """what the trainer computes in. ``bfloat16`` is mixed precision as verl's FSDP MixedPrecision
     (param_dtype bf16): a bf16 copy of the weights, loaded as ``mlab check --train hf:bfloat16``
     loads the model, runs the forward and backward (every matmul and activation bf16; the lm_head
     GEMM in bf16, its log-softmax and the loss in fp32); fp32 master weights and AdamW state take the
-    update, gradients accumulate in fp32. Not the default: it changes the numbers (docs/rl.md)."""
-    trainer_attention: str = one_of("sdpa", ("sdpa", "eager"))
+    update, gradients accumulate in fp32. ``float16``: the same with an fp16 copy and dynamic loss
+    scaling (``minirl/training/loss_scale.py``: an overflowing step is skipped and the scale halves;
+    Qi et al. 2025 propose fp16 to remove most of the mismatch). Not the default: it changes the
+    numbers (docs/rl.md)."""
+    trainer_attention: str = one_of("auto", ("auto", "sdpa", "eager"))
     """the trainer's attention kernel, named as transformers names it (``mlab check --train
-    hf:DTYPE,attn=...`` runs the same one). ``sdpa``: transformers' default. ``eager``: two GEMMs
+    hf:DTYPE,attn=...`` runs the same one). ``auto``: ``sdpa`` where the model's transformers class
+    supports it, ``eager`` where transformers refuses sdpa (Gemma 2, gpt-oss); the run's saved
+    config names the kernel it resolved to. ``sdpa``: transformers' default. ``eager``: two GEMMs
     around an fp32 softmax, the same math in another rounding order; on a CPU at RL lengths its
     bf16 forward + backward takes a third of ``sdpa``'s (whose CPU flash backward is slow on short
     rows: docs/measurements/2026-12-02-bf16-step-speed.md). Part of the trainer's numerics: a

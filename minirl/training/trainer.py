@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minirl import tasks
+from minirl.invariants import prove_sync, prove_trainer
 from minirl.engine import prepack
 from minirl.engine.bf16_gemm import Bf16Gemms
 from minirl.engine.sampling import SamplingParams
@@ -31,10 +32,11 @@ from minirl.engines import RolloutEngine, build_engine
 
 from minirl.algorithms import advantages, corrections, losses, router_replay
 
-from minirl.training import checkpointing
+from minirl.training import attention, checkpointing
 from minirl.training.c3po_loop import C3poGroups
 from minirl.training.groups import Drawn, RolloutInputs, SyncGroups
 from minirl.training.lifecycle import Lifecycle
+from minirl.training.loss_scale import LossScale
 from minirl.quiet import quiet
 from minirl.training.run_log import RunLog
 from minirl.training.sft import encode, warm_start
@@ -70,6 +72,7 @@ class Trainer:
         self.task = tasks.get(c.task, **c.task_kwargs)
         train_set, self.eval_set = tasks.splits(self.task, c.n_train, c.n_eval, c.seed)
         self.model_path = resolve_model(c)
+        self.cfg = c = attention.resolved(c)  # the run records the kernel, not `auto`
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
         self.device = resolve_device(c.device)
         torch.manual_seed(c.seed)
@@ -81,14 +84,18 @@ class Trainer:
             # bf16: a compute copy loaded as `mlab check --train hf:bfloat16,attn=...` loads it (its
             # fp32 buffers, RoPE's inv_freq, stay fp32), then given the master's weights
             self.model = self.master if dtype == torch.float32 else load(dtype)
-        self.master.to(self.device).train()
-        self.model.to(self.device).train()
+        # eval mode, and gradients still flow: RL scores the policy itself, so no dropout (Seed-OSS ships
+        # residual_dropout 0.1: 0.33 nats of noise on every log-prob), no router jitter, no train-only path
+        self.master.to(self.device).eval()
+        self.model.to(self.device).eval()
+        prove_trainer(self.master)
         self.pairs = compute_pairs(self.model, self.master)
         self.sync_compute()
         # held over every forward and backward of the bf16 copies: their GEMMs as fp32 GEMMs on bf16
         # operands where this CPU has no native bf16 (minirl/engine/bf16_gemm.py); a no-op elsewhere
         self.gemms = (Bf16Gemms() if dtype == torch.bfloat16 and self.device.type == "cpu" and prepack.emulates()
                       else contextlib.nullcontext())
+        self.loss_scale = LossScale() if dtype == torch.float16 else None  # fp16's narrow exponent
         if c.router_replay != "none" and not router_replay.routers(self.model):
             raise ValueError(f"router_replay={c.router_replay!r} needs an MoE model (Qwen3-MoE, Mixtral); "
                              f"{self.model_path} has no router: set router_replay: none")
@@ -102,6 +109,7 @@ class Trainer:
         if engine is None:
             with quiet(c.progress):  # vLLM's / SGLang's checkpoint-loading bars follow progress too
                 engine = build_engine(c.engine, self.model_path, c.engine_dtype, self.device, rollouts=True)
+        prove_sync(engine, self.master)  # a sync that moves an engine's numbers refuses the run
         if c.router_replay == "r3" and not getattr(engine, "returns_routed_experts", True):
             raise ValueError(f"router_replay='r3' replays the rollout engine's routed experts, and "
                              f"{type(engine).__name__} returns none; use router_replay: r2 (record in the "
@@ -220,13 +228,14 @@ class Trainer:
         update_entropy = update.pop("_entropy")
         entropy = old.entropy if old is not None else update_entropy
         metrics.update(corrections.masked_token_stats(weights, mask, batch.logp_infer, entropy))
-        if c.old_logprobs == "bypass":  # no trainer forward on the rollout: the gap is unmeasured
-            gap = {**corrections.mismatch_metrics(logp_old, logp_old, mask), **gap_metrics(c, logp_old, logp_old, mask)}
-            metrics.update(dict.fromkeys(gap, math.nan))
+        if c.old_logprobs == "bypass":  # measured on the first minibatch's rows (update.pop("_fresh"))
+            metrics.update(bypass_gap(c, update.pop("_fresh"), batch.logp_infer, batch.mask))
+        update.pop("_fresh", None)
         lengths = torch.tensor([len(r.token_ids) for r in rollouts], dtype=torch.float32)
         return {"reward": float(rewards.mean()), "accuracy": float((rewards > 0).float().mean()),
                 "length": float(lengths.mean()), "entropy": metrics.pop("entropy_all"),
-                "lr": self.opt.param_groups[0]["lr"], **metrics, **update, **times}
+                "lr": self.opt.param_groups[0]["lr"], **metrics, **update, **times,
+                **({"loss_scale": self.loss_scale.scale} if self.loss_scale is not None else {})}
 
     def _update(self, step: int, batch: Batch, adv: torch.Tensor, logp_old: torch.Tensor, weights: torch.Tensor,
                 mask: torch.Tensor, routing: list[torch.Tensor] | None, logp_ref: torch.Tensor | None,
@@ -244,6 +253,7 @@ class Trainer:
         n = len(batch.sequences)
         gen = torch.Generator().manual_seed(_seed(c.seed, step, 2))
         entropy = torch.full_like(batch.logp_infer, math.nan)
+        fresh = torch.full_like(batch.logp_infer, math.nan)  # the first minibatch's pi_old, where it ran
         sums: dict[str, float] = {}
         count = skipped = 0
         grad_norm_max = 0.0
@@ -257,17 +267,19 @@ class Trainer:
                     snapshot = copy.deepcopy((self.master.state_dict(), self.opt.state_dict()))
                 self.opt.zero_grad()
                 loss, m = self._backward(batch, idx, adv, logp_old, weights, mask, routing, logp_ref, entropy_old,
-                                         entropy if epoch == 0 else None)
+                                         entropy if epoch == 0 else None, fresh if count == 0 else None)
                 params = [p for p in self.master.parameters() if p.grad is not None]
                 grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
                 if torch.isfinite(grad_norm):  # clipping by a non-finite norm would write NaN into every grad
                     torch.nn.utils.clip_grads_with_norm_(params, c.grad_clip, grad_norm)
+                if self.loss_scale is not None:
+                    self.loss_scale.update(bool(torch.isfinite(grad_norm)))
                 if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
                     self.opt.zero_grad()
                     self.master.load_state_dict(snapshot[0])
                     self.opt.load_state_dict(snapshot[1])
                     self.sync_compute()
-                    return {"nan_skipped": True, "_entropy": entropy}
+                    return {"nan_skipped": True, "_entropy": entropy, "_fresh": fresh}
                 no_signal = float(grad_norm) == 0.0  # every advantage 0 and no KL: nothing to learn from
                 if not no_signal:  # AdamW would still move the weights on momentum and decay, unguided
                     self.opt.step()
@@ -284,18 +296,20 @@ class Trainer:
         return {**ran, "loss": sums.get("loss", 0.0) / total, "grad_norm": sums.get("grad_norm", 0.0) / total,
                 "grad_norm_max": grad_norm_max, "opt_skipped": (sums.get("opt_skipped", 0.0) + skipped) / total,
                 "skipped_minibatches": float(skipped), "no_signal": float(count == 0),
-                "nan_skipped": False, "_entropy": entropy}
+                "nan_skipped": False, "_entropy": entropy, "_fresh": fresh}
 
     def _backward(self, batch: Batch, idx: torch.Tensor, adv: torch.Tensor, logp_old: torch.Tensor,
                   weights: torch.Tensor, mask: torch.Tensor, routing: list[torch.Tensor] | None,
-                  logp_ref: torch.Tensor | None, entropy_old: torch.Tensor | None, entropy: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, dict[str, float]]:
+                  logp_ref: torch.Tensor | None, entropy_old: torch.Tensor | None, entropy: torch.Tensor | None,
+                  fresh: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """Forward and backward of minibatch ``idx``, ``micro_batch_size`` rows at a time, its
         gradient left in the master's ``.grad`` -> (its loss, its loss's diagnostics). Each
         micro-batch's loss is scaled by ``micro_share`` so that the sum is the minibatch's loss as
         one batch (the normaliser is the minibatch's, in every aggregation mode), and so are the
         diagnostics (exact for ``pg_loss`` and the KL; a token fraction is exact under token-mean).
-        ``entropy`` (epoch 0): filled with the rows' update-pass entropy."""
+        ``entropy`` (epoch 0): filled with the rows' update-pass entropy; ``fresh`` (the first
+        minibatch that runs, before any optimizer step of this update): with its log-probs, which
+        are then pi_old's, so ``old_logprobs: bypass`` still measures the engine mismatch."""
         c = self.cfg
         width = batch.mask.shape[1]
         size = c.micro_batch_size or len(idx)
@@ -310,6 +324,8 @@ class Trainer:
             logp = torch.nn.functional.pad(fwd.logp, (0, width - fwd.logp.shape[1]))  # [b, L-1]
             if entropy is not None:
                 entropy[part] = torch.nn.functional.pad(fwd.entropy, (0, width - fwd.entropy.shape[1]))
+            if fresh is not None:
+                fresh[part] = logp.detach()
             loss, m = policy_loss(c, logp, logp_old[part], adv[part], mask[part], weights[part],
                                   None if entropy_old is None else entropy_old[part], self.model.config.vocab_size)
             share = micro_share(policy_agg, mask[part], mask[idx])
@@ -318,7 +334,7 @@ class Trainer:
                 kl, km = losses.kl_penalty(logp, logp_ref[part], mask[part], c.kl_estimator, c.agg)
                 kl_share = micro_share(c.agg, mask[part], mask[idx])
                 loss, m = loss + c.kl_coef * kl_share * kl, {**m, **{k: v * kl_share for k, v in km.items()}}
-            loss.backward()
+            (loss * self._scale).backward()
             self.take_grads()
             total += loss.detach()
             for k, v in m.items():
@@ -374,10 +390,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ the lifecycle's Policy
     def save_checkpoint(self, path: Path, state: dict) -> None:
-        checkpointing.save(path, self.master, self.opt, state)
+        extra = self.loss_scale.state() if self.loss_scale is not None else {}
+        checkpointing.save(path, self.master, self.opt, {**state, **extra})
 
     def load_checkpoint(self, path: Path) -> dict:
         state = checkpointing.load(path, self.master, self.opt)
+        if self.loss_scale is not None:
+            self.loss_scale.restore(state)
         self.sync_compute()
         return state
 
@@ -397,12 +416,17 @@ class Trainer:
             for compute, master in self.pairs:
                 compute.copy_(master)
 
+    @property
+    def _scale(self) -> float:
+        """What the loss is multiplied by before the backward (1 but for an fp16 compute copy)."""
+        return 1.0 if self.loss_scale is None else self.loss_scale.scale
+
     def take_grads(self) -> None:
-        """Add the compute copy's gradients (bf16, as its backward made them) to the master's, in
-        fp32: micro-batches accumulate there, as FSDP's fp32 ``reduce_dtype`` does."""
+        """Add the compute copy's gradients (bf16/fp16, as its backward made them) to the master's,
+        in fp32, unscaled: micro-batches accumulate there, as FSDP's fp32 ``reduce_dtype`` does."""
         for compute, master in self.pairs:
             if compute.grad is not None:
-                g = compute.grad.to(torch.float32)
+                g = compute.grad.to(torch.float32) / self._scale
                 master.grad = g if master.grad is None else master.grad.add_(g)
                 compute.grad = None
 
@@ -478,6 +502,21 @@ def gap_metrics(c: TrainConfig, logp_old: torch.Tensor, logp_infer: torch.Tensor
     outside = m & ((rho < c.icepop_alpha) | (rho > c.icepop_beta))
     dprob = (logp_old.detach().double().exp() - logp_infer.detach().double().exp()).abs()
     return {"icepop_band_out": int(outside.sum()) / n, "abs_dprob_mean": float(dprob[m].sum()) / n}
+
+
+def bypass_gap(c: TrainConfig, fresh: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor
+               ) -> dict[str, float]:
+    """The mismatch metrics under ``old_logprobs: bypass``: no old-logprob forward runs, but the
+    first minibatch's update forward sees the weights the rollout engine had (no optimizer step
+    yet), so its log-probs ``fresh`` [B, L-1] (NaN on rows it did not hold) are pi_old there. The
+    metrics cover those rows; NaN when no minibatch ran (every advantage 0)."""
+    rows = ~fresh.isnan().all(dim=1)  # [B]
+    m = mask * rows[:, None]
+    gap = {**corrections.mismatch_metrics(logp_infer, logp_infer, mask), **gap_metrics(c, logp_infer, logp_infer, mask)}
+    if not bool(m.any()):
+        return dict.fromkeys(gap, math.nan)
+    old = torch.where(rows[:, None], fresh, logp_infer)
+    return {**corrections.mismatch_metrics(old, logp_infer, m), **gap_metrics(c, old, logp_infer, m)}
 
 
 def micro_share(agg: str, part_mask: torch.Tensor, whole_mask: torch.Tensor) -> float:

@@ -81,14 +81,20 @@ def _head_dim(path: str | os.PathLike) -> int | None:
     attribute map turns gpt2's ``n_embd`` / ``n_head`` into ``hidden_size`` / ``num_attention_heads``;
     a multimodal config keeps them in ``text_config``); None where the config names no head size,
     in which case vLLM's own check decides."""
-    import transformers
-
-    text = transformers.AutoConfig.from_pretrained(path).get_text_config()
+    text = _text_config(path)
     head = getattr(text, "head_dim", None)
     hidden, heads = getattr(text, "hidden_size", None), getattr(text, "num_attention_heads", None)
     if not head and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
         head = hidden // heads
     return head if isinstance(head, int) else None
+
+
+def _text_config(path: str | os.PathLike) -> object:
+    """Checkpoint ``path``'s (text) config as transformers reads it: its attribute map answers
+    gpt2's ``n_embd`` / ``n_positions`` to ``hidden_size`` / ``max_position_embeddings``."""
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(path).get_text_config()
 
 
 def create_llm(path: str | os.PathLike, dtype: str, **options: object):
@@ -114,7 +120,7 @@ def create_llm(path: str | os.PathLike, dtype: str, **options: object):
 
     kwargs = {k: v for k, v in options.items() if k != "prefix_caching"}
     if "max_model_len" not in kwargs:
-        context = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+        context = getattr(_text_config(path), "max_position_embeddings", None)
         kwargs["max_model_len"] = min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     with _transformers_classes_kept(path):
         llm = LLM(model=str(path), dtype=dtype, enforce_eager=True, use_tqdm_on_load=progress_enabled(),
@@ -125,17 +131,16 @@ def create_llm(path: str | os.PathLike, dtype: str, **options: object):
 
 @contextlib.contextmanager
 def _transformers_classes_kept(path: str | os.PathLike):
-    """vLLM's Transformers backend (olmo2, starcoder2, gpt_neox, ... in 0.32) decorates the
-    family's transformers base-model class *in place* for torch.compile: its ``__init__`` then
-    wants a vLLM config and its ``__call__`` an attribute only vLLM's instance has, so every
-    transformers model of that family in the process breaks afterwards (``'Olmo2Model' object
-    has no attribute 'do_not_compile'``). Put the class back once vLLM has built its instance,
-    which runs eagerly and needs neither (``enforce_eager``: its forward is the plain one)."""
-    from minirl.families import FAMILIES
-
+    """vLLM's Transformers backend (olmo2, phi, olmo, hunyuan_v1_dense, gpt_neox, ... in 0.32)
+    decorates the family's transformers base-model class *in place* for torch.compile: its
+    ``__init__`` then wants a vLLM config and its ``__call__`` an attribute only vLLM's instance
+    has, so every transformers model of that family in the process breaks afterwards
+    (``'PhiModel' object has no attribute 'do_not_compile'``). Put the class back once vLLM has
+    built its instance, which runs eagerly and needs neither (``enforce_eager``: its forward is
+    the plain one). Asked of vLLM's registry, not of a list of families, so every family it
+    serves that way is covered."""
     config = json.loads((Path(path) / "config.json").read_text())
-    entry = FAMILIES.get(config.get("model_type", ""))
-    if entry is None or not entry.vllm_transformers_backend:
+    if not _served_by_transformers_backend(config.get("architectures") or []):
         yield
         return
     from transformers import AutoConfig, AutoModel
@@ -150,6 +155,20 @@ def _transformers_classes_kept(path: str | os.PathLike):
                 setattr(cls, name, saved[name])
             elif name in cls.__dict__:
                 delattr(cls, name)
+
+
+#: The module vLLM 0.32's registry names for every architecture it serves with transformers' own modules.
+TRANSFORMERS_BACKEND_MODULE = "vllm.model_executor.models.transformers"
+
+
+def _served_by_transformers_backend(archs: list[str]) -> bool:
+    """Whether vLLM serves ``archs`` (a config's ``architectures``) through its Transformers
+    backend: the first one its registry has (as vLLM picks) is implemented in that module."""
+    from vllm import ModelRegistry
+
+    registered = [ModelRegistry.models[a] for a in archs if a in ModelRegistry.models]
+    module = getattr(registered[0], "module_name", "") if registered else ""
+    return module == TRANSFORMERS_BACKEND_MODULE
 
 
 def _keep_llvmlite_out_of_vllms_scan() -> None:
@@ -197,20 +216,101 @@ def engine_settings(llm: object) -> dict[str, object]:
             **{k: os.environ.get(k) for k in ENV}}
 
 
-def sync_weights(llm: object, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-                 | str | os.PathLike) -> None:
+Pair = tuple[str, torch.Tensor]
+
+
+def sync_weights(llm: object, weights: Mapping[str, torch.Tensor] | Iterable[Pair] | str | os.PathLike) -> None:
     """Load new weights into a running ``LLM`` in place (what an RL trainer does after each
     update): ``weights`` is a checkpoint-format state dict / ``(name, tensor)`` pairs
-    (``checkpoint_state(model)`` for a transformers model), or a checkpoint directory. vLLM renames, fuses (qkv, gate_up, experts) and casts them itself;
-    the prefix cache is reset so no KV computed with the old weights is reused."""
+    (``checkpoint_state(model)`` for a transformers model), or a checkpoint directory of
+    safetensors. vLLM renames, fuses (qkv, gate_up, experts) and casts them itself, except the
+    tensors its loader would lose on a reload (``_RELOAD_ROUTES``); the prefix cache is reset so
+    no KV computed with the old weights is reused."""
     runner = llm.collective_rpc(lambda worker: worker.model_runner)[0]
-    if isinstance(weights, (str, os.PathLike)):
-        runner.reload_weights(weights_path=str(weights))
-    else:
-        pairs = weights.items() if isinstance(weights, Mapping) else weights
-        runner.reload_weights(weights_iterator=((k, v.detach()) for k, v in pairs))
+    pairs = _safetensors_pairs(Path(weights)) if isinstance(weights, (str, os.PathLike)) else (
+        weights.items() if isinstance(weights, Mapping) else weights)
+    pairs = ((k, v.detach()) for k, v in pairs)
+    route = _RELOAD_ROUTES.get(type(runner.model).__name__)
+    direct: list[Pair] = []  # filled by the route while vLLM consumes ``pairs``
+    if route is not None:
+        pairs = route(pairs, direct)
+    runner.reload_weights(weights_iterator=pairs)
+    _copy_in_place(runner.model, direct)
     _repack_experts(runner.model)
     llm.reset_prefix_cache()
+
+
+def sync_drift(llm: object, model: torch.nn.Module, ids: torch.Tensor) -> float:
+    """Max |Δ logprob| (nats) of ``llm``'s prompt logprobs on ``ids`` (``[batch, seq]`` token ids)
+    across a sync of ``model``'s weights, which must be the ones ``llm`` already serves: an
+    invariant to check before a run. A sync that changes nothing must move nothing (0.0 exactly
+    in fp32); anything else means the sync itself corrupts the engine (as it did gpt_oss's
+    experts), and every RL step after the first would be scored by a wrong model."""
+    before = prompt_logprobs(llm, ids)
+    sync_weights(llm, checkpoint_state(model))
+    return float((prompt_logprobs(llm, ids) - before).abs().max())
+
+
+def prompt_logprobs(llm: object, ids: torch.Tensor) -> torch.Tensor:
+    """The engine's log-prob of each prompt token given the ones before it: ``[batch, seq - 1]``, float64."""
+    from vllm import SamplingParams
+
+    out = llm.generate([{"prompt_token_ids": row} for row in ids.tolist()],
+                       SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    return torch.tensor([[next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]] for o in out],
+                        dtype=torch.float64)
+
+
+def _safetensors_pairs(path: Path) -> Iterable[Pair]:
+    """The tensors of checkpoint directory ``path``, shard by shard, read lazily."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors to sync from; save the checkpoint with save_pretrained")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+_GPT_OSS_FUSED_EXPERTS = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
+
+
+def _gpt_oss_route(pairs: Iterable[Pair], direct: list[Pair]) -> Iterable[Pair]:
+    """gpt_oss's loader (``_load_weights_other``, vLLM 0.32) copies its fused experts
+    (``mlp.experts.gate_up_proj``/``down_proj`` and their biases, stored ``[experts, in, out]``)
+    and its attention ``sinks`` straight into the parameters, past the weight loaders. vLLM's
+    in-place reload puts every layer's parameters on the meta device and only intercepts weight
+    loaders, so those copies land on meta tensors and are lost: the old parameters are put
+    back, and the experts' were already prepacked for the CPU kernel, which ``_repack_experts``
+    then prepacked a second time (a no-op sync moved tiny gpt_oss's logprobs by 0.75 nats, and
+    by other amounts with each further sync; an update never reached the experts or the sinks).
+    Hand the experts over one expert at a time instead (``mlp.experts.<e>.gate_up_proj``: the
+    loader's streamed-expert path, through the weight loader), and set aside the sinks for
+    ``_copy_in_place``."""
+    for name, tensor in pairs:
+        base, _, leaf = name.rpartition(".")
+        if base.endswith(".mlp.experts") and leaf in _GPT_OSS_FUSED_EXPERTS:
+            yield from ((f"{base}.{e}.{leaf}", t) for e, t in enumerate(tensor))
+        elif leaf == "sinks":
+            direct.append((name, tensor))
+        else:
+            yield name, tensor
+
+
+#: vLLM architecture -> how its checkpoint tensors reach an in-place reload intact (see each).
+_RELOAD_ROUTES = {"GptOssForCausalLM": _gpt_oss_route}
+
+
+@torch.no_grad()
+def _copy_in_place(model: torch.nn.Module, pairs: list[Pair]) -> None:
+    """Copy ``pairs`` (checkpoint names, renamed by the model's own mapper; world size 1) into
+    ``model``'s parameters as they are."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    for name, tensor in pairs:
+        param = model.get_parameter(mapper.map_name(name) if mapper else name)
+        param.copy_(tensor.to(param.dtype))
 
 
 def checkpoint_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -230,7 +330,9 @@ def _repack_experts(model: torch.nn.Module) -> None:
     """vLLM 0.32 re-runs the MoE weight processing on reload but skips the experts kernel's own
     step on a weight *update*; on CPU that step prepacks w13/w2 into the grouped-GEMM layout,
     so without it the experts compute with raw weights (mean |Δ logprob| 0.89 on tiny-qwen3-moe).
-    Redo it for every MoE layer (a no-op for kernels that need no layer setup)."""
+    Redo it for every MoE layer (a no-op for kernels that need no layer setup): every one must
+    have been reloaded, since a layer whose weights the reload lost keeps its prepacked ones and
+    would be prepacked twice (gpt_oss's, before ``_gpt_oss_route``; ``sync_drift`` shows it)."""
     for module in model.modules():
         kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
         if kernel is not None and hasattr(module, "w13_weight"):

@@ -22,7 +22,7 @@ import torch
 
 from minirl.engine.rollout import Rollout
 from minirl.engine.sampling import SamplingParams
-from minirl.vllm.llm import checkpoint_state, create_llm, sync_weights
+from minirl.vllm.llm import checkpoint_state, create_llm, sync_drift, sync_weights
 from minirl.vllm.routing import RoutingRecorder
 
 
@@ -72,3 +72,8 @@ class VllmRollouts:
     def load_weights(self, model: torch.nn.Module) -> None:
         """Weight sync after each update: the running engine serves the trainer's new weights."""
         sync_weights(self.llm, checkpoint_state(model))
+
+    def sync_drift(self, model: torch.nn.Module, ids: torch.Tensor) -> float:
+        """Max |Δ logprob| of the engine on ``ids`` across a sync of ``model``'s (unchanged)
+        weights: 0 exactly, or the sync corrupts the engine (``minirl.vllm.llm.sync_drift``)."""
+        return sync_drift(self.llm, model, ids)

@@ -21,7 +21,7 @@ def test_coverage_counts_and_names_the_one_sided_sites():
 def test_excluded_sites_leave_the_count_and_a_typo_is_a_usage_error():
     cov = site_coverage(TRAIN, INFER, [s for s in TRAIN if s in INFER and s != "L0.v"], exclude=["L0.q", "L0.v"])
     assert (cov["compared"], cov["total"], cov["only_train"], cov["excluded"]) == (4, 5, [], ["L0.q", "L0.v"])
-    with pytest.raises(GateUsageError, match="L0.qq: no such site"):
+    with pytest.raises(GateUsageError, match="'L0.qq': no such site"):
         site_coverage(TRAIN, INFER, [], exclude=["L0.qq"])
 
 

@@ -68,3 +68,36 @@ def test_a_gpt2_style_config_is_read_not_a_key_error(n_embd, n_head, refused, tm
             check_model(tmp_path)
     else:
         check_model(tmp_path)
+
+
+@pytest.mark.parametrize("model_type", ["phi", pytest.param("olmo", marks=pytest.mark.slow),
+                                        pytest.param("hunyuan_v1_dense", marks=pytest.mark.slow)])
+def test_a_family_vllm_serves_with_transformers_classes_still_runs_in_transformers(model_type, family_checkpoint):
+    """vLLM's Transformers backend decorates the family's transformers class in place; whichever
+    family its registry sends there (not only the table's), ``create_llm`` puts the class back:
+    the same transformers model built after the engine computes the same logits, bit for bit."""
+    from minirl.vllm.llm import _served_by_transformers_backend, create_llm
+
+    path = family_checkpoint(model_type)
+    model = load_hf(path, "float32")
+    assert _served_by_transformers_backend(model.config.architectures)
+    ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+    llm = create_llm(path, "float32", max_model_len=64)
+    del llm
+    gc.collect()
+    with torch.no_grad():
+        assert torch.equal(load_hf(path, "float32")(ids).logits, before)
+
+
+@pytest.mark.slow
+def test_a_gpt2_style_context_is_read_as_transformers_reads_it(family_checkpoint):
+    """gpt2 names its context ``n_positions``: read as ``max_position_embeddings`` (256 here), not
+    missed and replaced by 4,096, which vLLM refuses with a ``ValidationError`` past the model's length."""
+    from minirl.vllm.llm import create_llm, engine_settings
+
+    llm = create_llm(family_checkpoint("gpt2"), "float32")
+    assert engine_settings(llm)["max_model_len"] == 256
+    del llm
+    gc.collect()

@@ -18,6 +18,8 @@ import torch
 COMMON = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=32, max_position_embeddings=256, vocab_size=512,
               bos_token_id=1, eos_token_id=2, pad_token_id=0)
+#: An override that removes a COMMON key the family's config cannot take (Falcon's head_dim is derived).
+DROP = object()
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
 
 #: model_type -> config overrides beyond COMMON.
@@ -46,6 +48,33 @@ FAMILIES: dict[str, dict] = {
     "gpt_neox": {"num_key_value_heads": 4},
 }
 
+#: Families outside the table that transformers and vLLM both register (docs/models.md's second
+#: table): each is either served with its numbers or refused by the invariant it fails. The
+#: multipliers are set off 1 so that a reader that ignores one shows it.
+OUTSIDE: dict[str, dict] = {
+    "gpt2": {}, "bloom": {}, "opt": {}, "falcon": {"new_decoder_architecture": True, "head_dim": DROP},
+    "exaone4": {"sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"]},
+    "falcon_h1": {"lm_head_multiplier": 0.5, "embedding_multiplier": 3.0, "mamba_d_ssm": 128,
+                  "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 16},
+    "granitemoeshared": {"num_local_experts": 4, "num_experts_per_tok": 2, "logits_scaling": 8.0,
+                         "embedding_multiplier": 12.0, "shared_intermediate_size": 64},
+    "granitemoehybrid": {"num_local_experts": 4, "num_experts_per_tok": 2, "logits_scaling": 8.0,
+                         "embedding_multiplier": 12.0, "shared_intermediate_size": 64,
+                         "layer_types": ["attention", "attention"]},
+    "cohere2_moe": {**MOE, "logit_scale": 0.0625, "sliding_window": 64,
+                    "layer_types": ["sliding_attention", "full_attention"]},
+    "nemotron": {}, "apertus": {}, "ernie4_5": {}, "ministral3": {}, "internlm3": {}, "phi": {}, "olmo": {},
+    "hunyuan_v1_dense": {}, "lfm2": {"layer_types": ["conv", "full_attention"]},
+    "ernie4_5_moe": {"moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 64, "moe_num_shared_experts": 1},
+    "glm4_moe": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                 "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1},
+    "exaone_moe": {**MOE, "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"]},
+    "llama4_text": {"num_local_experts": 4, "intermediate_size_mlp": 256, "moe_layers": [1],
+                    "layer_types": ["chunked_attention", "full_attention"], "attention_chunk_size": 64},
+    "falcon_mamba": {}, "nemotron_h": {"n_routed_experts": 4, "moe_intermediate_size": 64,
+                                       "moe_shared_expert_intermediate_size": 64},
+}
+
 
 def build(model_type: str, out: Path, tokenizer_from: Path, seed: int = 0) -> Path:
     """Write a tiny random ``model_type`` checkpoint (config, safetensors, the zoo's tokenizer)
@@ -62,7 +91,8 @@ def build(model_type: str, out: Path, tokenizer_from: Path, seed: int = 0) -> Pa
 def _write(model_type: str, out: Path, tokenizer_from: Path, seed: int) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(model_type, **{**COMMON, **FAMILIES[model_type]})
+    kwargs = {**COMMON, **{**FAMILIES, **OUTSIDE}[model_type]}
+    config = AutoConfig.for_model(model_type, **{k: v for k, v in kwargs.items() if v is not DROP})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():

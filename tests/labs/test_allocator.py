@@ -10,7 +10,9 @@ from labs import allocator
 
 needs_tcmalloc = pytest.mark.skipif(allocator.library() is None,
                                     reason="libtcmalloc-minimal4 not installed (make debs installs it as root)")
-PROBE = "from labs import allocator; allocator.relaunch(); import sys; print(allocator.active(), sys.argv[1:])"
+PROBE = ("from labs import allocator; allocator.entry_point = lambda: True; allocator.relaunch(); import sys; "
+         "print(allocator.active(), sys.argv[1:])")
+"""Stands in for ``mlab`` (an entry point that ``relaunch`` re-executes; a plain ``-c`` is not one)."""
 
 
 def clean_env(**extra: str) -> dict[str, str]:

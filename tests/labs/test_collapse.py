@@ -31,14 +31,39 @@ def test_the_verdict_follows_its_rule():
     flat_grad, spiky = np.ones(200), np.where(steps == 190, 50.0, 1.0)
     table = collapse_lab.verdict(_curves(none=(falling, flat_grad), tis=(rising, spiky), icepop=(rising, flat_grad)))
     assert table["collapsed"].tolist() == [True, True, False]
+    assert table["reward_collapsed"].tolist() == [True, False, False] and table["grad_spike"].tolist() == [False, True, False]
     assert table.loc[("tis", 0), "grad_spike_x_median"] == pytest.approx(50.0)
     assert table.loc[("none", 0), "reward_last_tenth"] == pytest.approx(0.1)
-    assert "not as Ring-1T's pattern" in collapse_lab.sentence(table)
+    text = collapse_lab.sentence(table)  # tis's spike is named apart: its reward held
+    assert text.startswith("By reward, Ring-1T's pattern shows: none seed 0 (reward 0.10 in the last tenth vs a smoothed "
+                           "peak 0.60) collapses, no corrected run does.")
+    assert ("The rule also flags, by a gradient spike alone, tis seed 0 (grad norm 50x its median; reward held at 0.60 "
+            "in the last tenth): a spike, not a collapse of the reward.") in text
+    assert "tis: reward collapsed in 0 of 1 seed, gradient spike in 1" in text
+    falls_too = collapse_lab.verdict(_curves(none=(falling, flat_grad), tis=(falling, flat_grad),
+                                             icepop=(rising, flat_grad)))
+    assert "not as Ring-1T's pattern (uncorrected only): none seed 0" in collapse_lab.sentence(falls_too)
     paper = collapse_lab.verdict(_curves(none=(falling, flat_grad), tis=(rising, flat_grad),
                                          icepop=(rising, flat_grad)))
     text = collapse_lab.sentence(paper)
-    assert text.startswith("Ring-1T's pattern shows") and "none: collapsed in 1 of 1 seed" in text
+    assert "none: reward collapsed in 1 of 1 seed" in text and "flags" not in text
     assert collapse_lab.RULE in text
+
+
+def test_the_verdict_view_keeps_both_flags_in_a_notebooks_width():
+    table = collapse_lab.verdict(xr.load_dataset(collapse_lab.MEASURED))
+    view = collapse_lab.view(table)
+    assert {"reward collapsed", "grad spike > 10x"} <= set(view.columns)
+    assert max(len(line) for line in view.to_string().splitlines()) <= 120  # a notebook's width, no scrollbar
+
+
+def test_the_figure_draws_each_run_and_marks_the_collapsed_one():
+    fig = collapse_lab.figure(xr.load_dataset(collapse_lab.MEASURED))
+    reward = fig.axes[0]
+    labels = [line.get_label() for line in reward.get_lines()]
+    assert labels == ["none seed 0", "none seed 1: reward collapsed", "tis seed 0", "icepop seed 0", "icepop seed 1"]
+    assert reward.get_lines()[1].get_linewidth() > reward.get_lines()[0].get_linewidth()
+    assert [t.get_text() for t in fig.axes[1].texts] == ["icepop seed 0: 14x its median, unsmoothed"]
 
 
 def test_a_verdict_over_unfinished_runs_says_so():
@@ -49,7 +74,7 @@ def test_a_verdict_over_unfinished_runs_says_so():
     table = collapse_lab.verdict(ds)
     assert table["steps"].tolist() == [200, 120, 200] and table["steps_planned"].tolist() == [200] * 3
     text = collapse_lab.sentence(table)
-    assert text.startswith("So far, with unfinished runs: No arm collapses")
+    assert text.startswith("So far, with unfinished runs: By reward, no run collapses")
     assert "unfinished: 120 of 200 steps" in text and text.count("unfinished:") == 1
     ds["reward"][dict(arm=1)] = rising
     assert "unfinished" not in collapse_lab.sentence(collapse_lab.verdict(ds))

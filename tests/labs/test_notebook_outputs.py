@@ -252,6 +252,29 @@ def check_04_claims(nb: nbformat.NotebookNode) -> None:
     assert ("masked share grows" in md) == grows and ("masked share stays flat" in md) == (not grows and not falls), md
     assert ("grows" in check_closing(nb, "icepop-conclusion").split("masked share")[-1]) == grows
     check_04_quant_claims(nb)
+    check_04_collapse_claims(text(tagged(nb, "collapse-verdict")), markdown(tagged(nb, "collapse-reading")))
+    monitor = markdown(tagged(nb, "monitor-reading"))
+    assert "moved to none" not in monitor and not re.search(r"\de-\d+ %", monitor), monitor
+    check_quiet(nb)
+
+
+def check_04_collapse_claims(table: str, md: str) -> None:
+    """§5 names a run as collapsed by reward exactly when the verdict table's "reward collapsed" is True,
+    and names apart each run flagged by a gradient spike alone."""
+    flags = [line.split()[-2:] for line in table.splitlines() if line.split()[-1:] in (["True"], ["False"])]
+    by_reward = sum(f[0] == "True" for f in flags)
+    spike_only = sum(f == ["False", "True"] for f in flags)
+    head, _, spikes = md.partition("The rule also flags")
+    assert "By reward, " in head and head.split("By reward, ")[1].split(". ")[0].count("(reward ") == by_reward, md
+    assert bool(spikes) == (spike_only > 0) and spikes.split(": a spike")[0].count(" seed ") == spike_only, (table, md)
+
+
+def check_quiet(nb: nbformat.NotebookNode) -> None:
+    """No red stderr box anywhere and no stray stdout line after the first cell (its size line)."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    streams = [(i, o) for i, c in enumerate(code) for o in c.get("outputs", []) if o.get("output_type") == "stream"]
+    noisy = [o["text"][:200] for i, o in streams if o["name"] == "stderr" or i > 0]
+    assert not noisy, noisy
 
 
 QUANT_FORMATS = ("none", "fp8_e4m3", "int8", "int4")
@@ -299,12 +322,27 @@ def check_02_claims(nb: nbformat.NotebookNode) -> None:
         assert last > 1.5 * first, md
     else:
         assert "does **not** grow" in md and ("inside the noise" in md or last <= 1.5 * first), md
+    check_02_bf16_claims(tagged(nb, "checklist-bf16"), markdown(tagged(nb, "bf16-reading")))
     baseline = float(re.search(r"starts (\S+) nats/token away", markdown(tagged(nb, "bf16-reading"))).group(1))
     tp2 = row(tagged(nb, "tp-drift"), "2")[0]
     md = markdown(tagged(nb, "tp-reading"))
     assert ("same order" in md) == (1 / 3 <= tp2 / baseline <= 3) or abs(tp2 / baseline - 3) < 0.2, md
     check_three_engines_claims(tagged(nb, "three-engines"), markdown(tagged(nb, "three-engines-reading")))
     check_closing(nb, "checklist-conclusion")
+    check_quiet(nb)
+
+
+def check_02_bf16_claims(table: list[dict], md: str) -> None:
+    """§2 names the knob where the plotted cumulative gap (the table's last column) first reaches 0,
+    or says it never does; no "all-or-nothing" claim beside a line that reaches 0 early."""
+    assert "all-or-nothing" not in md and "only all of them" not in md, md
+    m = re.search(r"reaches \*\*0\*\* after (\d+) of (\d+) knobs \(([^)]*)\)", md)
+    if not m:
+        assert "never bring the cumulative gap to 0" in md and row(table, "residual (dtype)")[-1] != 0, md
+        return
+    knobs = re.findall(r"`(\w+)`", m.group(3))
+    assert len(knobs) == int(m.group(1)) and row(table, knobs[-1])[-1] == 0, md
+    assert all(row(table, k)[-1] != 0 for k in knobs[:-1]), md
 
 
 def check_three_engines_claims(table: list[dict], md: str) -> None:
@@ -357,3 +395,34 @@ def test_closing_cell_needs_summary_next_step_and_runtime():
     check_closing(_md_nb("end", "**Summary.** x. This run took 12 s (small size).\n\n**Next:** y"), "end")
     with pytest.raises(AssertionError):
         check_closing(_md_nb("end", "**Summary.** x."), "end")
+
+
+def test_quiet_check_catches_a_stderr_box_and_a_stray_stdout_line():
+    first = new_code_cell("x", outputs=[new_output("stream", name="stdout", text="tiny-qwen3-moe-seed0 full size\n")])
+    check_quiet(new_notebook(cells=[first]))
+    for name, text in (("stderr", "[W] NUMA binding: Using MEMBIND policy\n"), ("stdout", "mismatch monitor: 2.3e-16 %\n")):
+        later = new_code_cell("y", outputs=[new_output("stream", name=name, text=text)])
+        with pytest.raises(AssertionError):
+            check_quiet(new_notebook(cells=[first, later]))
+
+
+def test_collapse_claim_check_reads_the_verdict_table_against_the_reading():
+    import xarray as xr
+
+    from labs import collapse_lab
+
+    table = collapse_lab.verdict(xr.load_dataset(collapse_lab.MEASURED))
+    check_04_collapse_claims(collapse_lab.view(table).to_string(), collapse_lab.sentence(table))
+    with pytest.raises(AssertionError):  # the old reading: IcePop "collapsed", its spike not named apart
+        check_04_collapse_claims(collapse_lab.view(table).to_string(),
+                                 "Arms collapse. icepop: collapsed in 1 of 2 seeds (reward 0.83)")
+
+
+def test_checklist_claim_check_needs_the_knob_where_the_line_reaches_zero():
+    table = [new_output("execute_result", data={"text/plain": "knob  gap_cumulative\na  0.002\nb  0.0\nc  0.0\n"
+                                                                "residual (dtype)  0.0"}, execution_count=1)]
+    check_02_bf16_claims(table, "the cumulative gap reaches **0** after 2 of 3 knobs (`a`, `b`) and stays 0")
+    with pytest.raises(AssertionError):
+        check_02_bf16_claims(table, "the cumulative gap reaches **0** after 3 of 3 knobs (`a`, `b`, `c`)")
+    with pytest.raises(AssertionError):
+        check_02_bf16_claims(table, "alignment is all-or-nothing")

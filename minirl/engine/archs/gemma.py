@@ -17,7 +17,8 @@ from types import SimpleNamespace
 from minirl import families
 from minirl.engine.archs import Arch
 from minirl.engine.archs import dense
-from minirl.engine.config import ModelSpec, dense_fields, layer_windows, mlp_act, rope_layers
+from minirl.engine.config import (ModelSpec, dense_fields, json_bool, layer_windows, mlp_act, positive_number,
+                                  rope_layers)
 
 
 def spec(cfg: dict) -> ModelSpec:
@@ -27,16 +28,17 @@ def spec(cfg: dict) -> ModelSpec:
     view = SimpleNamespace(**cfg)  # the contract reads config attributes
     bias = bool(cfg.get("attention_bias", False))
     fields = dense_fields(cfg, qkv_bias=bias, o_bias=bias, qk_norm=family == "gemma3_text")
-    fields["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    fields["tie_word_embeddings"] = json_bool(cfg, "tie_word_embeddings", True)
     common = dict(embed_scale=families.embed_scale(view), norm_offset=True,
                   sandwich_norms=families.family(view).block == "sandwich",
                   final_softcap=families.logits_transform(view).softcap)
     if family == "gemma":
         return ModelSpec(**fields, **common)
     fields["mlp_act"] = mlp_act(cfg, "hidden_activation")
-    common.update(attn_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5, layer_window=layer_windows(cfg))
+    common.update(attn_scale=positive_number(cfg, "query_pre_attn_scalar", 256.0) ** -0.5,
+                  layer_window=layer_windows(cfg))
     if family == "gemma2":
-        return ModelSpec(**fields, **common, attn_softcap=cfg.get("attn_logit_softcapping"))
+        return ModelSpec(**fields, **common, attn_softcap=positive_number(cfg, "attn_logit_softcapping"))
     thetas = {kind: float(p["rope_theta"]) for kind, p in rope_layers(cfg).items() if "rope_theta" in p}
     full = thetas.get("full_attention", float(cfg.get("rope_theta", 1_000_000.0)))
     local = thetas.get("sliding_attention", float(cfg.get("rope_local_base_freq", 10_000.0)))

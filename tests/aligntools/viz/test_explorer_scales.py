@@ -39,7 +39,10 @@ def test_bright_means_worse(metric, better, worse):
     assert norm(mat[0, 1]) > norm(mat[0, 0]), (metric, label)
 
 
-def test_log_scale_only_where_values_span_decades():
+def test_errors_go_on_a_log_scale_and_signed_values_on_a_linear_one():
+    """The demo's heatmap spanned less than 100x and, linear, was nearly all black (issue 66)."""
     assert type(colour_norm(np.array([1e-6, 1e-2]))).__name__ == "LogNorm"
-    assert type(colour_norm(np.array([1e-3, 5e-3]))).__name__ == "Normalize"
+    assert type(colour_norm(np.array([1e-3, 5e-3]))).__name__ == "LogNorm"
+    assert type(colour_norm(np.array([0.0, 1e-3, 5e-3]))).__name__ == "LogNorm"  # zeros: darkest, masked
     assert type(colour_norm(np.array([-60.0, -20.0]))).__name__ == "Normalize"  # −SQNR
+    assert type(colour_norm(np.array([2e-3, 2e-3]))).__name__ == "Normalize"  # one value: nothing to spread

@@ -60,6 +60,13 @@ def test_growth_curve_names_the_largest_spike(gate):
         assert any(t.startswith(jumps["growth"].idxmax()) for t in texts)
 
 
+def test_growth_curve_marks_the_site_furthest_over_its_limit(gate):
+    t = gate.table[gate.table["rel_l2"].notna()]
+    worst = (t["rel_l2"] / t["limit"]).idxmax()
+    labels = [line.get_label() for line in growth_curve(gate.comparison).axes[0].get_lines()]
+    assert any(label.startswith(f"worst: {worst} (") and "x its limit)" in label for label in labels), labels
+
+
 def test_a_long_verdict_table_shows_failing_rows_first_and_folds_the_rest():
     import pandas as pd
 
@@ -72,3 +79,16 @@ def test_a_long_verdict_table_shows_failing_rows_first_and_folds_the_rest():
     assert "<td>b</td>" in shown and "<td>c</td>" in shown and "<td>a</td>" not in shown
     assert "2 more rows (1 failing, 1 passing)" in folded and "<td>a</td>" in folded and "<td>d</td>" in folded
     assert "<details>" not in Report("t").table(df, failed=failed).render()  # shown=None: one table, as before
+
+
+def test_folded_rows_that_read_n_a_are_not_counted_as_passing():
+    """The demo's "4 passing" counted topk_ids rows whose verdict reads n/a (gated in Routing)."""
+    import pandas as pd
+
+    from aligntools.viz.report import Report
+
+    df = pd.DataFrame({"rel_l2": [0.3, 0.1, "n/a", "n/a"], "passes": [False, True, "n/a", "n/a"]},
+                      index=pd.Index(["a", "b", "L0.topk_ids", "L1.topk_ids"], name="site"))
+    failed = pd.Series([True, False, False, False], index=df.index)
+    html = Report("t").table(df, failed=failed, shown=0).render()
+    assert "4 more rows (1 failing, 1 passing, 2 n/a)" in html

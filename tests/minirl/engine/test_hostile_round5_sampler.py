@@ -10,6 +10,7 @@ the rule they check is docs/engine.md's "Non-finite logits" paragraph."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -214,3 +215,126 @@ def test_EG06_a_bf16_engine_with_top_p_1e_300(zoo):
     outs = eng.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, seed=0, top_p=TINY,
                                                 return_processed_logprobs=True))
     assert all(o.processed_logprobs.tolist() == [0.0] * len(o.token_ids) for o in outs)
+
+
+# ---------------------------------------------------------------- the other sampler cases (SM07-SM39)
+NEG = float("-inf")
+
+
+def _only(v: int, ids: list[int], b: int = 3) -> torch.Tensor:
+    """[b, v] logits with ``ids`` the only finite entries (0: equal mass)."""
+    z = torch.full((b, v), NEG)
+    z[:, ids] = 0.0
+    return z
+
+
+def test_SM07_one_finite_logit_per_row_is_that_token():
+    z = torch.full((2, 3000), NEG)
+    z[0, 2999], z[1, 1024] = 1.0, 1.0  # the last id, and the first of a block
+    assert _sample(z)[0].tolist() == [2999, 1024]
+
+
+def test_SM09_a_huge_temperature_samples_near_uniform():
+    tokens = _sample(torch.randn(4000, 8, generator=torch.Generator().manual_seed(1)), temperature=1e30)[0]
+    assert (torch.bincount(tokens, minlength=8) / 4000 - 1 / 8).abs().max() < 0.03
+
+
+@pytest.mark.parametrize("case, top_k", [("SM13", 3005), ("SM14", -1)])
+def test_SM13_SM14_top_k_past_the_vocabulary_or_minus_1_is_off(case, top_k):
+    z = _logits()
+    assert torch.equal(_sample(z, top_k=top_k)[0], _sample(z)[0])
+
+
+@pytest.mark.parametrize("case, value, match", [
+    ("SM15", {"top_k": -2}, r"top_k=-2: use a positive k, or 0 / -1 to disable"),
+    ("SM16", {"top_k": True}, r"top_k=True: must be an int, not bool"),
+    ("SM18", {"temperature": "1"}, r"temperature='1': must be a finite number"),
+    ("SM37", {"n": 0}, r"n=0: need at least one sample per prompt \(n >= 1\)"),
+])
+def test_SM15_SM16_SM18_SM37_bad_params_are_refused_naming_them(case, value, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**value)
+
+
+@pytest.mark.parametrize("case, params", [("SM19", {"top_p": 0.5}), ("SM20", {"top_k": 1})])
+def test_SM19_SM20_a_vocabulary_of_one_gives_token_0_logprob_0(case, params):
+    tokens, raw, _ = _sample(torch.randn(3, 1), **params)
+    assert tokens.tolist() == [0, 0, 0] and raw.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_SM21_vocab_0_is_refused(temperature):
+    """Was an IndexError from torch's amax over an empty dimension."""
+    with pytest.raises(ValueError, match=r"sampling step 0: the logits have shape \[2, 0\], a vocabulary of 0 tokens"
+                                         r".*check the model's vocab_size"):
+        _sample(torch.randn(2, 0), temperature=temperature)
+
+
+def test_SM22_batch_0_is_an_empty_result():
+    tokens, raw, _ = _sample(torch.randn(0, 10))
+    assert tokens.shape == (0,) and raw.shape == (0,)
+
+
+@pytest.mark.parametrize("case, v", [("SM23", 1024), ("SM24", 1025), ("SM25", 2049)])
+def test_SM23_SM25_only_the_last_entry_possible_is_drawn(case, v):
+    """V at and just past a block boundary: the one-entry last block is searched right."""
+    assert _sample(_only(v, [v - 1]))[0].tolist() == [v - 1] * 3
+
+
+def test_SM26_float16_logits_draw_only_unmasked_ids():
+    ids = torch.randperm(3000, generator=torch.Generator().manual_seed(0))[:10].tolist()
+    z = torch.full((64, 3000), NEG, dtype=torch.float16)
+    z[:, ids] = torch.randn(10).half()
+    assert set(_sample(z)[0].tolist()) <= set(ids)
+
+
+@pytest.mark.parametrize("case, z", [("SM27", (torch.randn(4, 3000) * 1e30).bfloat16()),
+                                     ("SM28", torch.randn(4, 3000, dtype=torch.float64))])
+def test_SM27_SM28_bf16_near_its_max_and_float64_logits_give_valid_tokens(case, z):
+    tokens, raw, _ = _sample(z)
+    assert ((0 <= tokens) & (tokens < 3000)).all() and torch.isfinite(raw).all()
+
+
+def test_SM29_SM31_inverse_cdf_at_its_documented_edges():
+    """Internal preconditions (its docstring): u of 1 gives the last positive token (SM31); outside
+    them (u of 0, an all-zero row SM29, a negative weight SM30) an index in range, never a crash;
+    ``uniforms`` keeps u inside (0, 1)."""
+    from minirl.engine.sampling import inverse_cdf, uniforms
+
+    u = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    weights = torch.zeros(2, 3000)
+    weights[:, [7, 1500, 2999]] = 1.0
+    assert inverse_cdf(weights, u).tolist() == [0, 2999]
+    assert inverse_cdf(torch.zeros(2, 10), u).tolist() == [0, 0]
+    drawn = uniforms(0, torch.arange(10_000), 0)
+    assert ((0 < drawn) & (drawn < 1)).all()
+    assert 0 <= inverse_cdf(torch.tensor([[1.0, -1.0, 1.0]]), u[:1] + 0.5).item() < 3
+
+
+def test_SM32_a_masked_last_block_is_never_drawn():
+    z = torch.randn(1, 2100)
+    z[:, 2048:] = NEG
+    assert max(sample(z, SamplingParams(), seed, torch.arange(1), 0)[0].item() for seed in range(300)) < 2048
+
+
+@pytest.mark.parametrize("case, seed, rows, step", [
+    ("SM33", 0, [2**63 - 1, 0], 0), ("SM34", -5, [0, 1], -3), ("SM35", 10**30, [0, 1], 0)])
+def test_SM33_SM35_extreme_seeds_rows_and_steps_are_valid_and_reproducible(case, seed, rows, step):
+    z = _logits(2)
+    first, again = (sample(z, SamplingParams(), seed, torch.tensor(rows), step)[0] for _ in range(2))
+    assert torch.equal(first, again) and ((0 <= first) & (first < 3000)).all()
+
+
+def test_SM36_SM38_odd_stop_ids_are_harmless_and_max_new_tokens_is_capped_by_positions(zoo):
+    """Stop ids no token has never match; 10**12 new tokens stop at the model's last position."""
+    eng = _engine(zoo, "float32", lambda weights: None)
+    outs = eng.generate([[5, 6]], SamplingParams(max_new_tokens=10**12, stop_token_ids=(-1, 10**12), ignore_eos=True,
+                                                 seed=0))
+    assert len(outs[0].token_ids) == eng.spec.max_positions - 2
+
+
+def test_SM39_draws_follow_the_probabilities_across_a_block_boundary():
+    z = torch.full((4000, 3000), NEG)
+    z[:, 1023], z[:, 1024], z[:, 5] = math.log(0.7), math.log(0.2), math.log(0.1)
+    counts = torch.bincount(_sample(z)[0], minlength=1025)[[1023, 1024, 5]].tolist()
+    assert all(abs(c - e) < 4 * math.sqrt(e) for c, e in zip(counts, (2800, 800, 400))), counts

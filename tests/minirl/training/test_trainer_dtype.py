@@ -139,5 +139,39 @@ def test_bf16_checkpoint_restores_fp32_masters_and_resume_keeps_the_dtype(dense_
 def test_a_trainer_dtype_without_a_mixed_precision_recipe_is_refused():
     from minirl.training.train_config import TrainConfig
 
-    with pytest.raises(ValueError, match="trainer_dtype.*float32.*bfloat16"):
-        TrainConfig(trainer_dtype="float16")
+    with pytest.raises(ValueError, match="trainer_dtype.*float32.*bfloat16.*float16"):
+        TrainConfig(trainer_dtype="float64")
+
+
+def test_fp16_step_sits_between_fp32_and_bf16_against_float64(dense_path, tmp_path):
+    """fp16 has 10 mantissa bits to bf16's 7 (2^-11 vs 2^-8 relative spacing): its step lies
+    closer to float64 than bf16's and further than fp32's; the loss scale (2^16) is divided back
+    out of the fp32 master gradient, which a missing unscale would multiply by 65536."""
+    errors = {}
+    for dtype in ("float32", "float16", "bfloat16"):
+        trainer = _trainer(dense_path, tmp_path, dtype)
+        rollouts, before, logp = _step(trainer)
+        logp64, grad64 = _float64_reference(trainer, rollouts, before)
+        errors[dtype] = (_rel({"logp": logp}, {"logp": logp64}),
+                         _rel({k: p.grad for k, p in trainer.master.named_parameters()}, grad64))
+        if dtype == "float16":
+            assert trainer.model.dtype == torch.float16 and trainer.master.dtype == torch.float32
+            assert trainer.loss_scale.scale == 2.0**16 and trainer.loss_scale.clean_steps == 1
+    assert errors["float32"][0] < errors["float16"][0] < errors["bfloat16"][0], errors
+    assert errors["float32"][1] < errors["float16"][1] < errors["bfloat16"][1] < 5e-2, errors
+
+
+def test_fp16_overflow_skips_the_step_and_halves_the_scale(dense_path, tmp_path):
+    """A scale so large that the fp16 backward overflows: the step is skipped (weights kept, as
+    any non-finite gradient is) and the scale backs off, as torch.amp.GradScaler does."""
+    trainer = _trainer(dense_path, tmp_path, "float16")
+    trainer.loss_scale.scale = 2.0**120  # any loss gradient times this overflows fp16 (max 65504)
+    drawn = trainer.groups.collect(0, 0)
+    before = {k: v.detach().clone() for k, v in trainer.master.named_parameters()}
+    metrics = trainer.learn(0, drawn.rollouts, REWARDS)
+    assert metrics["nan_skipped"] == 1.0 and metrics["loss_scale"] == 2.0**119
+    assert all(torch.equal(p, before[k]) for k, p in trainer.master.named_parameters())
+    trainer.save_checkpoint(tmp_path / "ckpt", {"step": 1})
+    fresh = _trainer(dense_path, tmp_path, "float16")
+    fresh.load_checkpoint(tmp_path / "ckpt")
+    assert fresh.loss_scale.scale == 2.0**119  # a resume keeps the scale it had found

@@ -1,0 +1,29 @@
+"""Audit a run's rollout records: name why the engine's logprobs differ from the trainer's.
+
+``aligntools.audit(records, model)`` returns an ``AuditResult`` (``.verdict``, ``.causes``); the
+package is callable so that ``aligntools.audit`` is both the function and the home of its parts
+(``aligntools.audit.CAUSES``, ``register_cause``). Semantic causes are tested first, each by its
+signature (docs/audit.md); ``numeric`` is what they leave, ``routing`` what replaying the recorded
+experts removes. Importing this package loads no model code: transformers is imported on first audit.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from aligntools.audit.registry import ACCEPT, CAUSES, Fit, register_cause
+from aligntools.audit.result import AuditResult, Cause
+from aligntools.audit.run import audit
+
+
+class _CallableModule(types.ModuleType):
+    """``aligntools.audit(...)`` calls ``audit``: the package name and the function name are one."""
+
+    def __call__(self, *args: object, **kwargs: object) -> AuditResult:
+        return audit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["ACCEPT", "CAUSES", "AuditResult", "Cause", "Fit", "audit", "register_cause"]

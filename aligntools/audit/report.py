@@ -1,0 +1,54 @@
+"""``mlab audit --report OUT.html``: the audit as one self-contained HTML page (no scripts, no
+network), to attach to a bug report or a CI artefact."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from aligntools.audit.result import AuditResult
+
+STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+         "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}.aligned{color:#070}.misaligned{color:#a00}")
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def render(result: AuditResult) -> str:
+    """The page: verdict, sizes, causes by share, the numeric remainder by bucket, routing per layer."""
+    lines = result.summary().splitlines()
+    parts = [f"<h1 class='{result.verdict}'>{html.escape(lines[0])}</h1>",
+             _table(["gap (nats)", "floor", "limit", "tokens", "records"],
+                    [[result.gap, result.floor, result.limit, result.tokens, result.records]])]
+    if result.causes:
+        parts += ["<h2>Causes, by share of the gap</h2>",
+                  _table(["cause", "parameter", "estimate", "share", "fix"],
+                         [[c.name, c.parameter, c.estimate, f"{c.share:.1%}", c.fix] for c in result.causes])]
+    numeric = next((c for c in result.causes if c.name == "numeric"), None)
+    if numeric is not None:
+        parts += ["<h2>Numeric remainder, per token</h2>",
+                  _table(["tokens by", "count", "mean |d logprob|"],
+                         [[k, v["tokens"], v["mean_abs"]] for k, v in numeric.detail.items()])]
+    if result.routing is not None:
+        r = result.routing
+        parts += [f"<h2>Routing: {r['tokens_with_flip']:.1%} of tokens flip in at least one layer</h2>",
+                  _table(["layer", "flip rate"], [[i, x] for i, x in enumerate(r["flip_rate_per_layer"])]),
+                  _table(["router margin, median", "flipped", "kept"],
+                         [["k-th minus (k+1)-th logit", r["flip_margin_median"], r["kept_margin_median"]]])]
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>mlab audit</title><style>{STYLE}</style>"
+            f"</head><body>{''.join(parts)}</body></html>\n")
+
+
+def write_report(result: AuditResult, path: str | Path) -> Path:
+    """Write ``render(result)`` to ``path``."""
+    p = Path(path)
+    p.write_text(render(result))
+    return p
