@@ -31,13 +31,16 @@ def mismatch(path: str | Path, dtype: str, seed: int, prompts: int = 8, new_toke
     trainer in ``dtype`` scores them -> mean and max |Δ logprob|, k3 KL estimate, and the share of
     non-finite log-probs (fp16 can overflow where bf16 does not)."""
     from aligntools.gates.inputs import prepare_tokens
-    from minirl.engine.sampling import SamplingParams
+    from minirl.engine.sampling import NonFiniteLogitsError, SamplingParams
     from minirl.engines import build_engine, load_hf
     from minirl.training.trainer_forward import trainer_logprobs
 
     ids = prepare_tokens(Path(path), prompts * 16, n_seqs=prompts)  # [prompts, 16] of built-in text
     engine = build_engine("minirl:typical", path, dtype, rollouts=True)
-    rollouts = engine.generate(ids.tolist(), SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=seed))
+    try:
+        rollouts = engine.generate(ids.tolist(), SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=seed))
+    except NonFiniteLogitsError:  # the dtype overflows on this model (Gemma 3 in fp16): a finding, not a crash
+        return {"mean_abs_dlogp": math.nan, "max_abs_dlogp": math.nan, "k3": math.nan, "non_finite": 1.0}
     trainer = load_hf(path, dtype)
     scored = trainer_logprobs(trainer, [r.prompt_ids + r.token_ids for r in rollouts])
     train = torch.cat([s[len(r.prompt_ids) - 1:] for s, r in zip(scored, rollouts)]).double()  # [N]
@@ -70,9 +73,12 @@ def verdict(table: pd.DataFrame) -> tuple[str, dict[str, float]]:
                if h_mean < 0.5 * b_mean else "fp16 does not remove most of the mismatch here")
     text = (f"mean |Δ logprob| fp16 {h_mean:.3g} {interval(h_ci)} vs bf16 {b_mean:.3g} {interval(b_ci)} over "
             f"{table['seed'].nunique()} seeds (fp16/bf16 = {numbers['ratio']:.2f}): {reading}")
-    non_finite = table.loc[table["dtype"] == "float16", "non_finite"].max()
-    if non_finite > 0:
-        text += f"; {non_finite:.1%} of fp16 log-probs were not finite (overflow) and are left out"
+    fp16 = table.loc[table["dtype"] == "float16", "non_finite"]
+    if (fp16 == 1.0).all():
+        return (f"fp16 overflows on this model: the engine's logits were not finite in all {len(fp16)} seeds "
+                f"(bf16: mean |Δ logprob| {b_mean:.3g} {interval(b_ci)})"), {**numbers, "holds": 0.0}
+    if fp16.max() > 0:
+        text += f"; {fp16.max():.1%} of fp16 log-probs were not finite (overflow) and are left out"
     return text, numbers
 
 

@@ -38,3 +38,12 @@ def test_fp16_small_runs_both_arms_on_the_same_prompts(tmp_path):
     assert summary["ours"].startswith("tiny-qwen3: mean |Δ logprob| fp16")
     assert (nums["fp16_mean tiny-qwen3"] < nums["bf16_mean tiny-qwen3"]) == (nums["ratio tiny-qwen3"] < 1)
     assert (tmp_path / "fp16" / "fp16.png").exists()
+
+
+def test_a_dtype_that_overflows_on_the_model_is_said_not_averaged():
+    """Gemma 3 270M in fp16: the engine's logits overflow to NaN in every seed; the verdict says so."""
+    table = _table([3.0e-3, 3.2e-3, 2.9e-3], [float("nan")] * 3)
+    table.loc[table["dtype"] == "float16", "non_finite"] = 1.0
+    text, numbers = precision_lab.verdict(table)
+    assert text.startswith("fp16 overflows on this model: the engine's logits were not finite in all 3 seeds")
+    assert numbers["holds"] == 0.0
