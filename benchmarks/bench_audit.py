@@ -7,16 +7,20 @@ Why: a cause named wrong sends a user to fix the wrong thing, and a false "align
 both are counted over every fault of ``aligntools.audit.planted`` (clean records must audit
 "aligned", every other fault must name its cause first) on several families, a dense and an MoE
 among them. ``--size MODEL:NxT`` also times one audit of N samples x T new tokens of a bf16 engine
-on that zoo model (the issue's bound: <= 30 s for 64 x 256 on smollm2-135m).
+on that zoo model (the issue's bound: <= 30 s for 64 x 256 on smollm2-135m), the trainer's forward
+alone beside it (the part no fit can save), and the peak RSS; its records are made once (a bf16
+``generate`` of 64 x 256 takes minutes) and kept under the zoo directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from labs import zoo  # noqa: E402
 
 DENSE_FAULTS = ("clean", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "temperature+top_p",
-                "token_shift", "bos_dropped", "stale_weights", "bf16")
+                "token_shift", "bos_dropped", "stale_weights", "bf16", "quantized_layers")
 MOE_FAULTS = (*DENSE_FAULTS, "routing")
 
 
@@ -63,20 +67,36 @@ def suite(families: list[str], seeds: list[int], n: int, new: int) -> list[dict]
 
 
 def sized(spec: str) -> None:
-    """Time one audit of N x T bf16-engine records on a zoo model (``smollm2-135m:64x256``)."""
+    """Time one audit of N x T bf16-engine records on a zoo model (``smollm2-135m:64x256``), and the
+    trainer's fp32 forward over the same records alone."""
     import aligntools
     from aligntools.audit.planted import plant
+    from aligntools.audit.score import score
+    from aligntools.records import read, write_jsonl
 
     name, _, shape = spec.partition(":")
     n, new = (int(x) for x in shape.split("x"))
-    _, model = load(name)
-    start = time.perf_counter()
-    planted = plant(model, "bf16", n=n, new=new)
-    made = time.perf_counter() - start
-    start = time.perf_counter()
-    result = aligntools.audit(planted.records, model)
-    print(f"{name} {n} x {new}: records made in {made:.1f} s; audit {time.perf_counter() - start:.1f} s; "
+    path, model = load(name)
+    cached = path.parent / "audit-records" / f"{name}-bf16-{n}x{new}.jsonl"
+    if not cached.is_file():
+        start = time.perf_counter()
+        cached.parent.mkdir(exist_ok=True)
+        write_jsonl(plant(model, "bf16", n=n, new=new).records, cached)
+        print(f"records made in {time.perf_counter() - start:.1f} s: {cached}")
+    records = read(cached)
+    forward = _timed(lambda: score(model, [r.prompt_ids for r in records], [r.completion_ids for r in records]))[1:]
+    result, seconds, cpu = _timed(lambda: aligntools.audit(records, model))
+    print(f"{name} {n} x {new} on {torch.get_num_threads()} threads: audit {seconds:.1f} s ({cpu:.1f} s CPU), the "
+          f"forward alone {forward[0]:.1f} s ({forward[1]:.1f} s CPU); peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB; load {os.getloadavg()[0]:.1f}; "
           f"{result.summary().splitlines()[0]}")
+
+
+def _timed(fn: Callable[[], object]) -> tuple[object, float, float]:
+    """(fn(), wall seconds, CPU seconds of this process, all threads): on a shared box the two differ."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:
@@ -87,9 +107,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="records per fault")
     parser.add_argument("--new", type=int, default=24, help="completion tokens per record")
     parser.add_argument("--size", default=None, help="MODEL:NxT, time one audit of that size (bf16 engine)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the box is shared)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the box is shared; --size: 0 = "
+                        "torch's, one per core)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = suite([f for f in args.families.split(",") if f], [int(s) for s in args.seeds.split(",")], args.n, args.new)
     if rows:
         summarize(rows, args)

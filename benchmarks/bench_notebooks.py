@@ -99,8 +99,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("notebooks", nargs="*", default=sorted(p.name[:2] for p in NOTEBOOKS.glob("0*.ipynb")),
-                    help="notebook numbers (default: every 0* notebook)")
+    ap.add_argument("notebooks", nargs="*", default=sorted(p.name[:2] for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")),
+                    help="notebook numbers (default: every numbered notebook)")
     ap.add_argument("--cold", action="store_true", help="empty zoo: include building the checkpoints")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "notebook_times")
     args = ap.parse_args(argv)

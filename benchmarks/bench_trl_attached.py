@@ -1,18 +1,23 @@
 """What attaching the lab costs a TRL ``GRPOTrainer`` step: attached vs unattached, same process.
 
     env $(.venv/bin/python -m labs.allocator) .venv/bin/python benchmarks/bench_trl_attached.py
-        [--model smollm2-135m] [--steps 6] [--prompts 4] [--max-new-tokens 16] [--threads 1]
+        [--model smollm2-135m] [--steps 6] [--prompts 4] [--max-new-tokens 16] [--threads 1] [--monitor-every 2]
 
 Why replayed rollouts: generation is the same work in both arms and would only dilute the cost;
-every arm replays one fixed set of minirl bf16 completions (generated once, up front) through
-``rollout_func``, so a step is TRL's own work (scoring, advantages, the loss forward and backward,
-AdamW) plus, when attached, the lab's. TRL's default layout (one optimizer step per generation) is
-the one measured: there TRL computes no old logprobs and the lab reads the loss forward's, so
-attaching adds no forward pass. Arms: ``unattached``, ``stats`` (``attach(trainer)``: statistics
-only) and ``records`` (``attach(trainer, records=...)``: JSONL every step too), run in blocks
-U S R R S U of ``--steps`` optimizer steps each, a fresh trainer per block, its first step dropped;
-the medians' ratio to ``unattached`` is the overhead (goal: <= 1.05). On a shared box those ratios
-swing by more than 5 %, so the CPU seconds spent inside the attachment's own code are printed too.
+every arm replays one fixed set of minirl bf16 completions (generated once, up front) through a
+``rollout_func`` that still keeps a minirl bf16 engine synced to the trainer's weights every step (as
+``rollout_func(spec)`` does, and the monitor reads), so a step is TRL's own work (scoring,
+advantages, the loss forward and backward, AdamW) and the engine's weight sync, plus, when attached,
+the lab's. TRL's default layout (one optimizer step per generation) is the one measured: there TRL
+computes no old logprobs and the lab reads the loss forward's, so attaching adds no forward pass.
+Arms: ``unattached``, ``stats`` (``attach(trainer)``: statistics only), ``records``
+(``attach(trainer, records=...)``: JSONL every step too) and ``monitor`` (records and the per-site
+monitor every ``--monitor-every`` steps), run in blocks U S R M M R S U of ``--steps`` optimizer
+steps each, a fresh trainer per block, its first step dropped; the medians' ratio to
+``unattached`` is the overhead (goal: <= 1.05 for stats and records; the monitor's is its reading
+time over K). On a shared box those ratios swing by more than 5 %, so the CPU seconds spent inside
+the attachment's own code are printed too; the monitor's first reading also measures the float64
+noise floor, and a block's first step, dropped, is a reading step.
 """
 
 from __future__ import annotations
@@ -33,13 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from aligntools.integrations.trl import attach  # noqa: E402
+from aligntools.integrations.trl import EngineRollouts, attach  # noqa: E402
 from bench_trl import cpu_name  # noqa: E402
 from labs import zoo  # noqa: E402
 from minirl.engine.sampling import SamplingParams  # noqa: E402
 from minirl.engines import build_engine  # noqa: E402
 
-ARMS = ("unattached", "stats", "records")
+ARMS = ("unattached", "stats", "records", "monitor")
 GROUP = 8
 """Completions per prompt (``num_generations``)."""
 
@@ -53,6 +58,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: on a shared 2-core box a second OpenMP thread spins against other "
                              "processes and makes a step several times slower, tests/conftest.py)")
+    parser.add_argument("--monitor-every", type=int, default=2, help="the monitor arm's monitor_every")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.steps < 2:
@@ -69,7 +75,8 @@ def main() -> None:
             times[arm] += block(path, tok, prompts, completions, arm, args, Path(tmp) / f"{i}")
     med = {arm: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for arm, rows in times.items()}
     print(f"\nGRPOTrainer step on {args.model} (fp32 trainer, {args.prompts} prompts x {GROUP} replayed minirl bf16 "
-          f"completions, <= {args.max_new_tokens} tokens); CPU {cpu_name()}, {torch.get_num_threads()} torch threads, "
+          f"completions, <= {args.max_new_tokens} tokens; monitor every {args.monitor_every} steps); CPU {cpu_name()}, "
+          f"{torch.get_num_threads()} torch threads, "
           f"load average {load[0]:.2f} -> {os.getloadavg()[0]:.2f}; median of 2 x {args.steps - 1} steps per arm")
     base = med["unattached"]
     print(f"{'arm':<12} {'wall s/step':>11} {'vs unattached':>13} {'CPU s/step':>10} {'vs unattached':>13} "
@@ -78,7 +85,8 @@ def main() -> None:
         m = med[arm]
         print(f"{arm:<12} {m['wall']:11.3f} {m['wall'] / base['wall']:12.3f}x {m['cpu']:10.3f} "
               f"{m['cpu'] / base['cpu']:12.3f}x {m['lab_cpu']:14.4f} {m['lab_cpu'] / base['cpu']:8.2%}")
-    print("lab share: CPU seconds inside the attachment (statistics, records) over an unattached step's CPU seconds;\n"
+    print("lab share: CPU seconds inside the attachment (statistics, records, monitor readings) over an unattached "
+          "step's CPU seconds;\n"
           "the ratios of whole steps carry the shared box's noise, the lab share does not.")
 
 
@@ -93,18 +101,24 @@ def pregenerate(path: Path, tok, prompts: list[str], max_new: int) -> dict[tuple
     return done
 
 
-def replay(completions: dict[tuple[int, ...], list[tuple]]):
-    """A ``rollout_func`` handing each prompt its pre-generated completions in turn."""
-    served: dict[tuple[int, ...], int] = {}
+class Replay(EngineRollouts):
+    """A ``rollout_func`` handing each prompt its pre-generated completions in turn, while its minirl
+    bf16 engine follows the trainer's weights as ``rollout_func("minirl:typical")``'s does: the
+    monitor arm reads that engine, and every arm pays its weight sync."""
 
-    def func(prompts: list, trainer) -> dict:  # noqa: ANN001
+    def __init__(self, completions: dict[tuple[int, ...], list[tuple]]) -> None:
+        super().__init__("minirl:typical")
+        self.completions = completions
+        self.served: dict[tuple[int, ...], int] = {}
+
+    def __call__(self, prompts: list, trainer) -> dict:  # noqa: ANN001
+        self._sync(trainer)
         ids = trainer._tokenize_prompts(prompts)[0]
         picked = []
         for p in map(tuple, ids):
-            picked.append(completions[p][served.get(p, 0) % GROUP])
-            served[p] = served.get(p, 0) + 1
+            picked.append(self.completions[p][self.served.get(p, 0) % GROUP])
+            self.served[p] = self.served.get(p, 0) + 1
         return {"prompt_ids": ids, "completion_ids": [c for c, _ in picked], "logprobs": [lp for _, lp in picked]}
-    return func
 
 
 def block(path: Path, tok, prompts: list[str], completions: dict, arm: str, args: argparse.Namespace,
@@ -129,10 +143,11 @@ def block(path: Path, tok, prompts: list[str], completions: dict, arm: str, args
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completion_ids, **_: [float(len(c)) for c in completion_ids],
-                          args=config, processing_class=tok, rollout_func=replay(completions), callbacks=[Clock()],
+                          args=config, processing_class=tok, rollout_func=Replay(completions), callbacks=[Clock()],
                           train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]))
     if arm != "unattached":
-        att = attach(trainer, records=out / "records" if arm == "records" else None)
+        att = attach(trainer, records=out / "records" if arm in ("records", "monitor") else None,
+                     monitor_every=args.monitor_every if arm == "monitor" else 0)
         for name in ("after_generation", "after_loss_forward"):
             setattr(att, name, timed(getattr(att, name), lab_cpu))
     trainer.train()

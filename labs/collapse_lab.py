@@ -53,20 +53,47 @@ def train_arms(small: bool = False, out_dir: str | None = None) -> tuple[xr.Data
     """One run per (arm, seed), then ``read_arms`` of their folder.
 
     Each run lives in ``<out_dir>/<arm>_seed<s>`` (full size: the config's ``out_dir``, ``runs/collapse``)
-    and is *resumed* from its checkpoint when one is there: the five runs take hours, so a killed
-    entry continues where its last checkpoint (every 20 steps) left it, a finished run is read back
-    (one final evaluation, no step retrained), and arms may be run one by one with ``mlab train
-    --config configs/collapse.yaml --set correction=ARM --set seed=S --set out_dir=runs/collapse/ARM_seedS``
-    (on other cores or machines) and collected here. ``small`` starts in a fresh temporary folder."""
+    and is *resumed* from its checkpoint when one is there (or the ``.checkpoint.old`` a kill mid-save
+    left): the five runs take hours, so a killed entry continues where its last checkpoint (every 20
+    steps) left it. A finished run (``finished``) is read back as it is, nothing trained and no file of
+    it rewritten, once its checkpoint's config is checked against this one (a changed model or seed is
+    refused by name, as a resume would). Arms may be run one by one with ``mlab train --config
+    configs/collapse.yaml --set correction=ARM --set seed=S --set out_dir=runs/collapse/ARM_seedS`` (on
+    other cores or machines) and collected here. ``small`` starts in a fresh temporary folder."""
     import minirl
+    from minirl.training import checkpointing
 
     root = Path(out_dir or (tempfile.mkdtemp(prefix="collapse_lab_") if small else config().out_dir))
     for arm in ARMS:
         for seed in SEEDS[arm][:1] if small else SEEDS[arm]:
             run = root / f"{arm}_seed{seed}"
             cfg = config(small, correction=arm, seed=seed, out_dir=str(run))
-            minirl.train(cfg, resume=(run / "checkpoint").is_dir())
+            if not finished(cfg):
+                minirl.train(cfg, resume=checkpointing.exists(run / "checkpoint"))
     return read_arms(root)
+
+
+def finished(cfg) -> bool:  # noqa: ANN001 - a TrainConfig
+    """Whether the run in ``cfg.out_dir`` is done: its checkpoint is at ``cfg.steps`` and the run
+    ended there (its manifest holds the stamps a run writes as it closes, which a kill -9 never
+    writes; such a run is resumed to write its final rows and plot). A checkpoint whose config a
+    resume would refuse raises, naming the change. Why not resume a finished run: that rewrote its
+    log, config and plot (a finished arm read back was not left untouched; case CL12)."""
+    import json
+
+    from minirl.training import checkpointing, resume
+    from minirl.training.run_dir import MANIFEST
+
+    out = Path(cfg.out_dir)
+    if not checkpointing.exists(out / "checkpoint") or not (out / "checkpoint").is_dir():
+        return False
+    resume.check_before_loading(cfg)  # a refused change (model, seed, ...) is named here, as a resume would
+    if checkpointing.read_state(out / "checkpoint").get("step") != cfg.steps:
+        return False
+    try:
+        return bool(json.loads((out / MANIFEST).read_text()).get("stamps"))
+    except (OSError, ValueError, AttributeError):  # no manifest, or not one a run wrote: let the resume say
+        return False
 
 
 def read_arms(root: str | Path) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:

@@ -15,28 +15,43 @@ though the gate fails: showing that failure is the point of the demo.
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import aligntools
 from aligntools import attribute, check_alignment
-from aligntools.gates.alignment import LOGPROB_ATOL, GateResult
+from aligntools.gates.alignment import GateResult, banner  # banner: the report's verdicts with numbers
 from aligntools.replayer.attribution import Attribution
 from aligntools.viz.report import Report
 from labs import zoo
 from minirl import Knobs
 
 MODEL = "tiny-qwen3-moe"
+TOKENS = 256
+"""Tokens of built-in text each section runs on (``--tokens``' default)."""
+GATE = ("hf", "minirl")
+"""Section 1's engines (train, infer): the gate whose error-growth figure is the README's hero image."""
+HERO = Path(__file__).resolve().parent.parent / "docs" / "img" / "demo_error_growth.png"
+"""The README's hero image: section 1's ``error_growth.png``, copied there by ``--hero`` with a stamp
+beside it (``HERO.with_suffix(".json")``: the ``figure_version`` it was drawn at, its sha256, the day)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labs.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
-    parser.add_argument("--tokens", type=int, default=256, help="tokens of built-in text (default: 256)")
+    parser.add_argument("--tokens", type=int, default=TOKENS, help=f"tokens of built-in text (default: {TOKENS})")
+    parser.add_argument("--hero", action="store_true",
+                        help=f"also copy section 1's error_growth.png to the README's hero image ({HERO.name}) with "
+                             f"its stamp (at the default --tokens only)")
     args = parser.parse_args(argv)
+    if args.hero and args.tokens != TOKENS:
+        parser.error(f"--hero draws the README's figure at the default --tokens {TOKENS}; drop --tokens {args.tokens}")
     start = time.perf_counter()
     out = Path(args.out)
 
@@ -45,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {meta['name']} at {path}: {meta['description']}, {meta['n_params']:,} params\n")
 
     _section("1. Alignment gate: typical bf16 inference engine vs float32 training engine")
-    gate = check_alignment(path, train="hf", infer="minirl", tokens=args.tokens)
+    gate = check_alignment(path, train=GATE[0], infer=GATE[1], tokens=args.tokens)
     print(gate.summary())
 
     _section("2. Which knob explains the gap?")
@@ -83,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, fig in figures.items():
         fig.savefig(out / f"{name}.png", dpi=100, bbox_inches="tight")
         written.append(out / f"{name}.png")
+    if args.hero:
+        written.append(write_hero(out / "error_growth.png"))
 
     _section("Verdict")
     print(gate.verdict)
@@ -93,6 +110,30 @@ def main(argv: list[str] | None = None) -> int:
     print("next: `make reproduce` reruns every paper finding at full size (table: paper vs ours); "
           "`make lab` opens the notebooks (00_quickstart ... 09_async_scale_out)")
     return 0
+
+
+def figure_version() -> str:
+    """What the hero figure is drawn from, as 16 hex digits: the drawing code (aligntools/viz/plots.py),
+    the model's zoo recipe (``labs.zoo``'s fingerprint: config, training, corpus, transformers'
+    version), section 1's engines and token count. A change to any of them makes the README's image
+    stale (``tests/labs/test_hero_image.py`` says so); the engines' own arithmetic is not in it."""
+    from aligntools.viz import plots
+
+    recipe = zoo._fingerprint(MODEL, zoo._spec(MODEL), 0)
+    blob = json.dumps([Path(plots.__file__).read_text(), MODEL, recipe, GATE, TOKENS])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def write_hero(png: Path, hero: Path = HERO) -> Path:
+    """Copy ``png`` (section 1's ``error_growth.png`` of this run) to the README's hero image and
+    stamp it: ``figure_version``, the image's sha256, the day and where it came from."""
+    shutil.copyfile(png, hero)
+    stamp = {"figure_version": figure_version(), "png_sha256": hashlib.sha256(hero.read_bytes()).hexdigest(),
+             "made": datetime.date.today().isoformat(),
+             "from": f"python -m labs.demo --hero (make demo's run, section 1: {GATE[1]} vs {GATE[0]}, "
+                     f"{TOKENS} tokens, {MODEL})"}
+    hero.with_suffix(".json").write_text(json.dumps(stamp, indent=1) + "\n")
+    return hero
 
 
 def real_vllm(path: Path, tokens: int) -> tuple[GateResult | None, object, list[str]]:
@@ -112,8 +153,20 @@ def real_vllm(path: Path, tokens: int) -> tuple[GateResult | None, object, list[
     fp = aligntools.fingerprint(capture, path, progress=False)
     lines = [result.verdict, f"mean |Δ logprob| {result.logprob.loc['mean', 'value']:.3g} (max "
                              f"{result.logprob.loc['max', 'value']:.3g})",
-             f"first divergence: {div.site} (x{div.factor:.3g})" if div else "first divergence: none", repr(fp)]
+             f"first divergence: {div.site} (x{div.factor:.3g})" if div else "first divergence: none",
+             fingerprint_line(fp)]
     return result, fp, lines
+
+
+def fingerprint_line(fp) -> str:  # noqa: ANN001 - an aligntools.Fingerprint
+    """The fingerprint in a sentence for the terminal (the report shows its tables): its repr,
+    ``Fingerprint(distance=...)``, printed raw read as a debugging dump."""
+    knobs = ", ".join(f"{k}={v}" for k, v in fp.explained["engine_value"].items())
+    gap = (f"the rest of the gap starts at {fp.gap_start} (rel-L2 {fp.table['best'][fp.gap_start]:.2g})"
+           if fp.gap_start else "no site diverges past that")
+    return (f"fingerprint: the closest minirl setting ({fp.evaluated} tried) is {fp.distance:.3g} mean |Δ logprob| "
+            f"from vLLM; " + (f"it differs from hf_exact in {knobs}" if knobs else "it is hf_exact itself")
+            + f"; {gap}")
 
 
 def vllm_section(report: Report, result: GateResult | None, fp: object, lines: list[str]) -> None:
@@ -124,30 +177,6 @@ def vllm_section(report: Report, result: GateResult | None, fp: object, lines: l
         return
     report.verdict(result.passed, banner(result)).text(lines[1] + "; " + lines[2])
     report.fingerprint(fp)
-
-
-def banner(gate: GateResult) -> str:
-    """A verdict banner that carries its numbers. MISALIGNED already quotes each check over its limit;
-    ALIGNED says the gap, the limit and why the limit holds (a bare green "ALIGNED" sat beside a
-    0.0038-nat gap and 1.6 % of tokens changing experts, and read as "identical")."""
-    if not gate.passed:
-        return gate.verdict
-    mean = gate.logprob.loc["mean"]
-    dtype = str(gate.table.loc["logits", "dtype"]) if "logits" in gate.table.index else None
-    atol = LOGPROB_ATOL.get(dtype, (0.0,))[0]
-    k = (mean["limit"] - atol) / mean["noise_floor"] if mean["noise_floor"] > 0 else 0.0
-    text = (f"{gate.verdict}. Mean |Δ logprob| {mean['value']:.2g} is within its limit {mean['limit']:.2g} = "
-            f"{k:.2g} x the trainer's own gap to a float64 run of the same model ({mean['noise_floor']:.2g}) + "
-            f"{atol:.2g} for {dtype} rounding: no engine can be expected closer to the trainer than the trainer is "
-            f"to float64, so a gap within a small multiple of that is the dtype's own noise.")
-    if len(gate.routing):
-        layer = gate.routing["set_flip"].idxmax()
-        r = gate.routing.loc[layer]
-        text += (f" At most {r['set_flip']:.1%} of tokens change top-k experts (layer {layer}; allowed "
-                 f"{r['allowed']:.1%})." if r["set_flip"] > 0 else
-                 f" No token changes its top-k experts (allowed up to {r['allowed']:.1%} per layer).")
-    sites = gate.table[gate.table["rel_l2"].notna()]
-    return text + f" {int(sites['passes'].astype(bool).sum())} of {len(sites)} sites within their limits."
 
 
 def attribution_section(report: Report, title: str, attr: Attribution) -> None:

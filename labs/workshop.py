@@ -54,8 +54,8 @@ def _async_sft() -> Path:
 
 
 CHECKPOINTS: tuple[Checkpoint, ...] = (
-    Checkpoint("tiny-qwen3-moe", ("00", "01", "02", "03", "04"), lambda: zoo.build("tiny-qwen3-moe", progress=False)),
-    Checkpoint("tiny-qwen3", ("05", "07", "09"), lambda: zoo.build("tiny-qwen3", progress=False)),
+    Checkpoint("tiny-qwen3-moe", ("00", "01", "02", "03", "04", "11"), lambda: zoo.build("tiny-qwen3-moe", progress=False)),
+    Checkpoint("tiny-qwen3", ("05", "07", "09", "10"), lambda: zoo.build("tiny-qwen3", progress=False)),
     # icepop_lab.train_arms / masked_share_sweep and 04 §4's monitor runs: TrainConfig's arithmetic defaults
     Checkpoint("tiny-qwen3-moe + arithmetic SFT", ("04",),
                lambda: _sft("tiny-qwen3-moe", "arithmetic", {"digits": 1}, 100)),

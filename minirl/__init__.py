@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 _EXPORTS = {"Engine": "minirl.engine", "Knobs": "minirl.engine", "SamplingParams": "minirl.engine",
             "EngineSpec": "minirl.engines", "build_engine": "minirl.engines", "engine_kind": "minirl.engines",
             "Rollout": "minirl.engine.rollout",
+            "fake_quantize": "minirl.engine.quantize", "unfit": "minirl.engine.quantize",
             "model_spec": "minirl.engine.archs", "read_config": "minirl.engine.checkpoint", "read_safetensors": "minirl.engine.checkpoint",
             "TrainConfig": "minirl.training.train_config", "train": "minirl.driver",
             "trainer_logprobs": "minirl.training.trainer_forward",

@@ -4,7 +4,10 @@
 package is callable so that ``aligntools.audit`` is both the function and the home of its parts
 (``aligntools.audit.CAUSES``, ``register_cause``). Semantic causes are tested first, each by its
 signature (docs/audit.md); ``numeric`` is what they leave, ``routing`` what replaying the recorded
-experts removes. Importing this package loads no model code: transformers is imported on first audit.
+experts removes, ``quantized_layers`` what re-scoring with quantized layers removes;
+``aligntools.audit.fingerprint(records, model)`` (``aligntools.audit.precision``) ranks the precision
+choices that reproduce a numeric gap. Importing this package loads no model code: transformers is imported
+on first audit.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import types
 from aligntools.audit.registry import ACCEPT, CAUSES, Fit, register_cause
 from aligntools.audit.result import AuditResult, Cause
 from aligntools.audit.run import audit
+from aligntools.audit.precision import fingerprint
 
 
 class _CallableModule(types.ModuleType):
@@ -26,4 +30,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["ACCEPT", "CAUSES", "AuditResult", "Cause", "Fit", "audit", "register_cause"]
+__all__ = ["ACCEPT", "CAUSES", "AuditResult", "Cause", "Fit", "audit", "fingerprint", "register_cause"]

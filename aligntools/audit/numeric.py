@@ -14,7 +14,11 @@ import torch
 from aligntools.analyzer.tolerance import DTYPE_RULES
 
 FLOOR_RECORDS = 4
-"""Records scored in float64 for the floor (float64 costs ~2x fp32 per token on CPU)."""
+"""Records scored in float64 for the floor (float64 costs ~2x fp32 per token on CPU)..."""
+FLOOR_TOKENS = 32
+"""...on their first this many completion tokens: the floor is a per-token rounding statistic, 128 tokens
+measure it, and float64 is slow on CPU (4 x 64 smollm2 tokens cost 6.6 core-seconds, the float64 copy of
+the model included; whole 256-token records cost more than all the fits together)."""
 PROB_BUCKETS = (0.0, 0.01, 0.1, 0.5, 1.0)
 """Token-probability edges of the per-bucket report: low-probability tokens carry most of a bf16 gap."""
 

@@ -4,7 +4,8 @@ Why transformers' ``generate`` as the engine: its logits processors (temperature
 min-p, repetition penalty) are an implementation independent of the audit's own formulas, and its
 ``output_scores`` are exactly the processed logits an engine returns logprobs of. Each fault is
 planted the way it happens in a run: the engine sampled with a setting the trainer does not apply,
-saw another prompt, served other weights, computed in bf16, shifted its list, or routed otherwise.
+saw another prompt, served other weights, computed in bf16, quantized layers it should not have, shifted its
+list, or routed otherwise.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ SAMPLING_FAULTS: dict[str, tuple[str, dict, object]] = {
 
 def plant(model: nn.Module, fault: str, n: int = 8, prompt_len: int = 8, new: int = 24, seed: int = 0) -> Planted:
     """Records of ``model`` with ``fault`` planted: ``"clean"``, a key of ``SAMPLING_FAULTS``, or one of
-    ``token_shift``, ``bos_dropped``, ``stale_weights``, ``bf16``, ``routing`` (an MoE model)."""
+    ``token_shift``, ``bos_dropped``, ``stale_weights``, ``bf16``, ``bf16_lm_head``, ``quantized_layers``,
+    ``routing`` (an MoE model)."""
     prompts = _prompts(model, n, prompt_len, seed)
     if fault in SAMPLING_FAULTS:
         cause, sampling, truth = SAMPLING_FAULTS[fault]
@@ -118,6 +120,39 @@ def _bf16(model: nn.Module, prompts: torch.Tensor, new: int, seed: int) -> Plant
     return Planted(_records(prompts, *generate(copy.deepcopy(model).to(torch.bfloat16), prompts, new, seed)), "numeric")
 
 
+class _Bf16Head(nn.Module):
+    """An lm_head computed in bf16 (hidden state and weight rounded, the GEMM's output in bf16), read as
+    float32, every other layer in fp32: an engine whose only low-precision op is the lm_head GEMM (minirl's
+    ``Knobs(lm_head_dtype="bfloat16")`` with fp32 activations)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().to(torch.bfloat16), requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, S, H] -> [B, S, V]
+        return nn.functional.linear(hidden.to(torch.bfloat16), self.weight).float()
+
+
+def _bf16_lm_head(model: nn.Module, prompts: torch.Tensor, new: int, seed: int) -> Planted:
+    served = copy.deepcopy(model)
+    served.set_output_embeddings(_Bf16Head(model.get_output_embeddings().weight))
+    return Planted(_records(prompts, *generate(served, prompts, new, seed)), "numeric", "bf16 lm_head")
+
+
+def _quantized(model: nn.Module, prompts: torch.Tensor, new: int, seed: int) -> Planted:
+    """The engine served the MLP matrices (MoE: the experts; not the router) in fp8 e4m3 with a scale per
+    output channel, the trainer's are fp32: an FP8 checkpoint whose ``modules_to_not_convert`` missed them
+    (vLLM PR #44628). Picked by name here, by role in the audit."""
+    from minirl import fake_quantize
+
+    served = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in served.named_parameters():
+            if ".mlp." in name and p.ndim >= 2 and not name.endswith(".mlp.gate.weight"):
+                p.copy_(fake_quantize(p, "fp8_e4m3", name))
+    return Planted(_records(prompts, *generate(served, prompts, new, seed)), "quantized_layers", "fp8_e4m3 on mlp")
+
+
 def _routing(model: nn.Module, prompts: torch.Tensor, new: int, seed: int, rate: float = 0.1) -> Planted:
     """The engine routed ``rate`` of (token, layer) pairs to another expert: its logprobs are the model's
     with those experts forced, its recorded experts the forced ones."""
@@ -145,5 +180,5 @@ def _flip(ids: np.ndarray, rate: float, experts: int, rng: np.random.Generator) 
 
 BUILDERS: dict[str, Callable[..., Planted]] = {
     "clean": _clean, "token_shift": _token_shift, "bos_dropped": _bos_dropped, "stale_weights": _stale,
-    "bf16": _bf16, "routing": _routing,
+    "bf16": _bf16, "bf16_lm_head": _bf16_lm_head, "quantized_layers": _quantized, "routing": _routing,
 }

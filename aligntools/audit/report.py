@@ -34,9 +34,19 @@ def render(result: AuditResult) -> str:
                          [[c.name, c.parameter, c.estimate, f"{c.share:.1%}", c.fix] for c in result.causes])]
     numeric = next((c for c in result.causes if c.name == "numeric"), None)
     if numeric is not None:
+        buckets = {k: v for k, v in numeric.detail.items() if isinstance(v, dict) and "tokens" in v}
         parts += ["<h2>Numeric remainder, per token</h2>",
                   _table(["tokens by", "count", "mean |d logprob|"],
-                         [[k, v["tokens"], v["mean_abs"]] for k, v in numeric.detail.items()])]
+                         [[k, v["tokens"], v["mean_abs"]] for k, v in buckets.items()])]
+        if numeric.detail.get("fingerprint"):
+            parts += ["<h2>Fingerprint: the precision choice that reproduces the engine</h2>",
+                      _table(["candidate", "share of the numeric gap it explains"],
+                             [[name, f"{share:.0%}"] for name, share in numeric.detail["fingerprint"]])]
+        replayed = numeric.detail.get("replay")
+        if replayed:
+            parts += [f"<p>Replayed through minirl <code>{html.escape(str(replayed['engine']))}</code>: first divergent "
+                      f"site <b>{html.escape(str(replayed['first_divergence']))}</b>"
+                      f"{' (' + html.escape(str(replayed['why'])) + ')' if replayed['why'] else ''}.</p>"]
     if result.routing is not None:
         r = result.routing
         parts += [f"<h2>Routing: {r['tokens_with_flip']:.1%} of tokens flip in at least one layer</h2>",

@@ -46,7 +46,7 @@ class AuditResult:
             return f"aligned: {size}"
         top = self.causes[0]
         lines = [f"misaligned: {top.name} ({top.parameter} {_fmt(top.estimate)}) explains {top.share:.1%} of the gap; {size}"]
-        return "\n".join(lines + [f"  {c.line()}" for c in self.causes])
+        return "\n".join(lines + [f"  {c.line()}{_fingerprint(c.detail)}" for c in self.causes])
 
     def to_json(self) -> dict:
         """``{"verdict", "causes": [{"name", "estimate", "share"}, ...]}`` plus the sizes and each cause's fix."""
@@ -55,6 +55,18 @@ class AuditResult:
                             "fix": c.fix, "detail": c.detail} for c in self.causes],
                 "gap": self.gap, "floor": self.floor, "limit": self.limit, "tokens": self.tokens,
                 "records": self.records, "routing": self.routing}
+
+
+def _fingerprint(detail: dict) -> str:
+    """``numeric``'s fingerprint and replay as one clause ("" when none explains any of the gap)."""
+    ranked = [(name, share) for name, share in detail.get("fingerprint") or [] if share > 0]
+    if not ranked:
+        return ""
+    name, share = ranked[0]
+    replayed = detail.get("replay") or {}
+    site = (f"; replayed through minirl as {name}, the first divergent site is {replayed['first_divergence']}"
+            if replayed.get("first_divergence") else "")
+    return f"\n    fingerprint: {name} explains {share:.0%} of this gap{site}"
 
 
 def _fmt(value: float | int | str) -> str:

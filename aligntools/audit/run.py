@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aligntools.audit import inputs, routing, sampling  # noqa: F401 - registers the causes, in the order tested
-from aligntools.audit.numeric import FLOOR_RECORDS, limit, remainder
+from aligntools.audit import inputs, precision, routing, sampling  # noqa: F401 - registers the causes, in the order tested
+from aligntools.audit.numeric import FLOOR_RECORDS, FLOOR_TOKENS, limit, remainder
 from aligntools.audit.registry import ACCEPT, CAUSES, Fit
 from aligntools.audit.result import AuditResult, Cause
 from aligntools.audit.score import load_model, score
@@ -26,6 +26,9 @@ Model = str | os.PathLike | nn.Module
 FIT_TOKENS = 2048
 """Causes are fitted on the first records holding this many tokens (a semantic cause is systematic:
 a few thousand tokens pin T, p or k), then applied to all records for the shares and the remainder."""
+FIT_ELEMENTS = 1 << 24
+"""...and at most this many logits (tokens x vocabulary): a fit evaluation is a pass over them, so a 49k
+vocabulary fits on ~340 tokens (one record at least) where a 512 one keeps ``FIT_TOKENS``."""
 BACKFIT_PASSES = 3
 """Coordinate-descent passes over the causes found; two causes (T and top-p) settle in two or three."""
 
@@ -40,13 +43,13 @@ def audit(records: Iterable[Record] | str | os.PathLike, model: Model, old: Sequ
     trainer = load_model(model)
     _check_vocab(recs, trainer)
     scores = score(trainer, [r.prompt_ids for r in recs], [r.completion_ids for r in recs])
-    ctx = Context.of(recs, trainer, scores.logits.shape[1], tuple(old))
+    ctx = Context.of(recs, trainer, scores.rows.shape[1], tuple(old))
     ctx.routing, ctx.margins = scores.routing, scores.margins
-    start = State(scores.logits, ctx.tokens, ctx.owner)
+    start = State(scores.rows, ctx.tokens, ctx.owner)
     floor, lim = _floor(ctx, model, start)
     g0 = gap(ctx, start)
-    fit_ctx, n = ctx.head(FIT_TOKENS)
-    fits = _semantic(fit_ctx, State(scores.logits[:n], fit_ctx.tokens, fit_ctx.owner), lim) if g0 > lim else []
+    fit_ctx, n = ctx.head(min(FIT_TOKENS, FIT_ELEMENTS // ctx.vocab))
+    fits = _semantic(fit_ctx, State(scores.rows.take(n), fit_ctx.tokens, fit_ctx.owner), lim) if g0 > lim else []
     found = _shares(ctx, start, fits, g0)
     state = _applied(ctx, start, fits)
     flips = routing.stats(ctx)
@@ -57,7 +60,8 @@ def audit(records: Iterable[Record] | str | os.PathLike, model: Model, old: Sequ
         found.append(Cause("numeric", g, g / g0, "mean |d logprob| nats",
                            "an engine numeric choice (dtype, kernel, reduction order): fingerprint it with "
                            "aligntools.fingerprint / mlab check --infer, drill with --drill",
-                           remainder(ctx.engine, state.logprobs(), ctx.position)))
+                           {**remainder(ctx.engine, state.logprobs(), ctx.position),
+                            **precision.numeric_detail(ctx, state)}))
     causes = tuple(sorted(found, key=lambda c: -c.share))
     return AuditResult("misaligned" if g0 > lim else "aligned", causes if g0 > lim else (), g0, floor, lim,
                        len(ctx.tokens), len(recs), flips)
@@ -74,8 +78,7 @@ def _semantic(ctx: Context, start: State, lim: float) -> list[Fit]:
         candidates = [f for name, fn in CAUSES.items() if name not in tried and (f := fn(ctx, state))]
         if not candidates:
             break
-        best = min(candidates, key=lambda f: gap(ctx, f.apply(ctx, state)))
-        g_best = gap(ctx, best.apply(ctx, state))
+        g_best, best = min(((gap(ctx, f.apply(ctx, state)), f) for f in candidates), key=lambda p: p[0])
         if g_best > ACCEPT * g or g - g_best <= lim:  # closes too little, or no more than the noise allows
             break
         fits = _backfit(ctx, start, [*fits, best])
@@ -129,13 +132,12 @@ def _cause(ctx: Context, fit: Fit, share: float) -> Cause:
 
 
 def _floor(ctx: Context, model: Model, start: State) -> tuple[float, float]:
-    """(floor, limit): the trainer's fp32 logprobs against float64 on the first records."""
+    """(floor, limit): the trainer's fp32 logprobs against float64 on the first ``FLOOR_TOKENS`` completion
+    tokens of the first ``FLOOR_RECORDS`` records (a causal model scores a prefix as it scores the whole)."""
     recs = ctx.records[:FLOOR_RECORDS]
-    n = sum(len(r.completion_ids) for r in recs)
-    logits64 = score(load_model(model, torch.float64), [r.prompt_ids for r in recs],
-                     [r.completion_ids for r in recs]).logits  # [n, V] float64
-    lp64 = torch.log_softmax(logits64, -1).gather(-1, ctx.tokens[:n, None])[:, 0]
-    return limit(start.logprobs()[:n], lp64)
+    lp64 = score(load_model(model, torch.float64), [r.prompt_ids for r in recs],
+                 [r.completion_ids[:FLOOR_TOKENS] for r in recs]).rows.lp  # [n] float64
+    return limit(start.logprobs()[(ctx.owner < FLOOR_RECORDS) & (ctx.position < FLOOR_TOKENS)], lp64)
 
 
 def _check_vocab(recs: list[Record], trainer: nn.Module) -> None:

@@ -13,13 +13,15 @@ Signatures (z: the trainer's logits at a position, y: the recorded token):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import torch
 
 from aligntools.audit.fit import fit_1d, sorted_probs, truncation_fit
 from aligntools.audit.registry import Fit, register_cause
-from aligntools.audit.state import Context, Processor, State, gap
+from aligntools.audit.logits import token_logprob
+from aligntools.audit.state import STAGES, Context, Processor, State, gap, gap_of
 
 TEMPERATURE_RANGE = (0.05, 20.0)
 P_GRID = torch.linspace(0.002, 0.998, 499, dtype=torch.float64)
@@ -45,20 +47,34 @@ def _side(ctx: Context, key: str, value: float) -> str:
 @register_cause("temperature")
 def temperature(ctx: Context, state: State) -> Fit | None:
     """Engine logprobs are log_softmax(z / T): fit T on a log scale."""
-    def tempered(t: float) -> Callable[[Context, State], State]:
-        return lambda c, s: s.with_processor("temperature", lambda z, rows: z / t)
+    t, _ = fit_1d(_tempered_loss(ctx, state), *TEMPERATURE_RANGE, log=True)
+    fn: Processor = lambda z, rows: z / t  # noqa: E731 - one object per fit: states that apply it share their logprobs
+    return Fit("temperature", t, "T", lambda c, s: s.with_processor("temperature", fn), _side(ctx, "temperature", t))
 
-    t, _ = fit_1d(lambda t: gap(ctx, tempered(t)(ctx, state)), *TEMPERATURE_RANGE, log=True)
-    return Fit("temperature", t, "T", tempered(t), _side(ctx, "temperature", t))
+
+def _tempered_loss(ctx: Context, state: State) -> Callable[[float], float]:
+    """T -> the gap with temperature T. The logits before temperature are computed once; with no truncation
+    after it, lp = (z_y - m) / T - log sum exp((z - m) / T) is one exp pass over fp32 differences, summed in
+    fp32 (a fit needs the argmin to ``FIT_RTOL``, not the loss to float64: fp32 moves lp by ~1e-6 nats)."""
+    z = state.processed(until="temperature")  # [n, V] float64
+    later = [s for s, _ in state.processors if STAGES.index(s) > STAGES.index("temperature")]
+    if later:
+        return lambda t: gap_of(ctx, state, token_logprob(state.apply(z / t, slice(None), *later), ctx.tokens))
+    d = (z - z.max(-1, keepdim=True).values).float()  # [n, V] <= 0
+    dy = d.gather(-1, ctx.tokens[:, None])[:, 0].double()  # [n]
+    return lambda t: gap_of(ctx, state, dy / t - d.mul(1 / t).exp_().sum(-1).double().log())
 
 
 def _truncation(ctx: Context, state: State, stage: str, grid: torch.Tensor, kept: type) -> tuple[float, float]:
     """Fit a truncation stage on the distribution the stages before it leave. Candidates: ``grid`` plus
     each token's own boundary values (``kept.per_token``), so the planted value's kept sets are among
     them; ``kept.count`` gives the tokens kept per position for each candidate."""
-    z = state.processed(until=stage)  # [N, V]
-    lp = torch.log_softmax(z, -1).gather(-1, ctx.tokens[:, None])[:, 0]  # [N]
-    s, cum, rank = sorted_probs(z, ctx.tokens)
+    before = tuple(p for p in state.processors if STAGES.index(p[0]) < STAGES.index(stage))
+    key = (state.logits, before)  # top-k, top-p and min-p on an untruncated state sort the same rows
+    if ctx.cache.get("sorted", (None,))[0] != key:  # one sort held at a time: [N, V] float64 twice
+        z = state.processed(until=stage)  # [N, V]
+        ctx.cache["sorted"] = key, (token_logprob(z, ctx.tokens), *sorted_probs(z, ctx.tokens))
+    lp, s, cum, rank = ctx.cache["sorted"][1]
     d = ctx.engine - lp  # [N]: -log S where a truncation is at work
     own = (cum - (-d).exp()[:, None]).abs().argmin(-1)  # [N]: the kept count each token's gap implies - 1
     candidates = torch.cat([grid, kept.per_token(s, cum, own)]).unique()
@@ -151,12 +167,57 @@ def min_p(ctx: Context, state: State) -> Fit | None:
     return Fit("min_p", m, "min_p", lambda c, s: s.with_processor("min_p", keep), _side(ctx, "min_p", m))
 
 
-def _penalised(ctx: Context, kind: str, value: float) -> Processor:
+def _penalty(z: torch.Tensor, count: torch.Tensor, kind: str, value: float) -> torch.Tensor:
+    """Logits ``z`` after a penalty of ``kind``; ``count`` (as ``z``): how often each token was seen (> 0: seen)."""
     if kind == "repetition_penalty":
-        return lambda z, rows: torch.where(ctx.seen(rows), torch.where(z > 0, z / value, z * value), z)
+        return torch.where(count > 0, torch.where(z > 0, z / value, z * value), z)
     if kind == "presence_penalty":
-        return lambda z, rows: z - value * (ctx.counts(rows) > 0)
-    return lambda z, rows: z - value * ctx.counts(rows)
+        return z - value * (count > 0)
+    return z - value * count
+
+
+def _penalised(ctx: Context, kind: str, value: float) -> Processor:
+    """The dense processor, one object per (context, kind, value): states that apply it share their logprobs."""
+    def fn(z: torch.Tensor, rows: slice) -> torch.Tensor:
+        count = ctx.seen(rows).double() if kind == "repetition_penalty" else ctx.counts(rows)  # [n, V]
+        return _penalty(z, count, kind, value)
+
+    return ctx.cache.setdefault(("penalty", kind, value), fn)
+
+
+def _penalty_loss(ctx: Context, state: State, kind: str) -> Callable[[float], float]:
+    """value -> the gap with that penalty. A penalty changes only the seen tokens' logits ([n, S], S the
+    longest history), so with nothing but elementwise stages after it (temperature) the unseen tokens'
+    log-mass is computed once and each value costs O(n S), not O(n V); otherwise the dense processor."""
+    later = [s for s, _ in state.processors if s != "penalty"]
+    if set(later) - {"temperature"}:
+        return lambda v: gap(ctx, state.with_processor("penalty", _penalised(ctx, kind, v)))
+    z = state.processed(until="penalty")  # [n, V] float64
+    ids, count = _padded(ctx.history(slice(None), prompt=kind == "repetition_penalty"))  # [n, S], [n, S]
+    full = state.apply(z, slice(None), *later)  # [n, V]
+    seen = torch.zeros_like(z).scatter_add_(1, ids, (count > 0).double()) > 0  # [n, V]
+    rest = full.masked_fill(seen, -torch.inf).logsumexp(-1)  # [n]: log-mass of the unseen tokens
+    zs = z.gather(1, ids)  # [n, S]
+    at_y = (ids == ctx.tokens[:, None]) & (count > 0)  # [n, S]: the recorded token among the seen
+    zy = full.gather(1, ctx.tokens[:, None])[:, 0]  # [n]: its value when unseen
+
+    def loss(value: float) -> float:
+        p = state.apply(_penalty(zs, count, kind, value), slice(None), *later).masked_fill(count == 0, -torch.inf)
+        y = torch.where(at_y.any(-1), p.masked_fill(~at_y, -torch.inf).amax(-1), zy)  # [n]
+        return gap_of(ctx, state, y - torch.logaddexp(rest, p.logsumexp(-1)))
+
+    return loss
+
+
+def _padded(history: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row the distinct ids of ``history`` and their counts, padded: ([n, S] long, [n, S] float64, 0 = padding)."""
+    rows = [Counter(h) for h in history]
+    width = max([1, *map(len, rows)])
+    ids, count = torch.zeros(len(rows), width, dtype=torch.long), torch.zeros(len(rows), width, dtype=torch.float64)
+    for n, c in enumerate(rows):
+        ids[n, : len(c)] = torch.tensor(list(c.keys()), dtype=torch.long)
+        count[n, : len(c)] = torch.tensor(list(c.values()), dtype=torch.float64)
+    return ids, count
 
 
 @register_cause("penalty")
@@ -164,8 +225,7 @@ def penalty(ctx: Context, state: State) -> Fit | None:
     """Repetition, presence or frequency penalty: each kind fitted in 1-D, the best kept."""
     best = None
     for kind, (lo, hi) in PENALTY_RANGES.items():
-        value, loss = fit_1d(lambda v: gap(ctx, state.with_processor("penalty", _penalised(ctx, kind, v))), lo, hi,
-                             log=kind == "repetition_penalty")
+        value, loss = fit_1d(_penalty_loss(ctx, state, kind), lo, hi, log=kind == "repetition_penalty")
         if best is None or loss < best[2]:
             best = (kind, value, loss)
     kind, value, _ = best

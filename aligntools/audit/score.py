@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from aligntools.audit.logits import HOLD_ELEMENTS, Logits, token_logprob
+
 
 def load_model(model: str | os.PathLike | nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
     """``model`` (an HF checkpoint directory or an ``nn.Module``) in eval mode and ``dtype``; a
@@ -37,13 +39,19 @@ def load_model(model: str | os.PathLike | nn.Module, dtype: torch.dtype = torch.
 
 @dataclass
 class Scores:
-    """``logits``: [N, V] float32 (float64 for a float64 model), one row per completion token of every record, in record order;
+    """``rows``: the logits [N, V] (fp32; float64 for a float64 model), one row per completion token of every
+    record, in record order, as ``Logits`` (held, or as hidden states past ``HOLD_ELEMENTS``);
     ``routing``: per record the trainer's top-k expert ids [S, layers, top_k] (S = prompt + completion - 1),
     and its router margin (k-th minus (k+1)-th logit) [S, layers], or None for a dense model."""
 
-    logits: torch.Tensor
+    rows: Logits
     routing: list[np.ndarray] | None
     margins: list[np.ndarray] | None
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """[N, V]: every row (a small model's records)."""
+        return self.rows.full()
 
 
 def score(model: nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
@@ -51,17 +59,41 @@ def score(model: nn.Module, prompts: Sequence[Sequence[int]], completions: Seque
     """The model's logits at every completion token of each (prompt, completion); with ``forced``
     (per record [>= S, layers, top_k] expert ids) the routers use those experts (routing replay, R3)."""
     routers = _routers(model)
-    rows, routing, margins = [], [], []
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        ids = torch.tensor([list(prompt) + list(completion)[:-1]])  # [1, S]
-        taps = _Taps(routers, None if forced is None else forced[i][: ids.shape[1]])
-        with taps, torch.inference_mode():
-            logits = model(input_ids=ids, logits_to_keep=len(completion)).logits[0]  # [C, V]: lm_head on those rows only
-        rows.append(logits.to(torch.promote_types(logits.dtype, torch.float32)))  # bf16 read as fp32; fp64 kept
-        if routers:
-            routing.append(np.stack(taps.ids, axis=1))  # [S, layers, top_k]
-            margins.append(np.stack(taps.margins, axis=1))  # [S, layers]
-    return Scores(torch.cat(rows), routing if routers else None, margins if routers else None)
+    head = model.get_output_embeddings()
+    hold = sum(map(len, completions)) * head.weight.shape[0] <= HOLD_ELEMENTS
+    inputs: list[torch.Tensor] = []
+    grab = head.register_forward_pre_hook(lambda m, args: inputs.append(args[0][0]))  # [C, H] at lm_head
+    rows, lps, routing, margins = [], [], [], []
+    try:
+        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+            ids = torch.tensor([list(prompt) + list(completion)[:-1]])  # [1, S]
+            taps = _Taps(routers, None if forced is None else forced[i][: ids.shape[1]])
+            with taps, torch.inference_mode():
+                logits = model(input_ids=ids, logits_to_keep=len(completion)).logits[0]  # [C, V]: completion rows
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 read as fp32; fp64 kept
+            lps.append(token_logprob(logits, torch.tensor(completion)))
+            hold = hold or (i == 0 and not _projects(head, inputs[-1], logits))  # checked once, on the first record
+            rows.append(logits if hold else inputs[-1])
+            if routers:
+                routing.append(np.stack(taps.ids, axis=1))  # [S, layers, top_k]
+                margins.append(np.stack(taps.margins, axis=1))  # [S, layers]
+    finally:
+        grab.remove()
+    tokens = torch.tensor([t for c in completions for t in c])
+    weight, bias = (None, None) if hold else (head.weight.detach(), None if head.bias is None else head.bias.detach())
+    out = Logits(torch.cat(rows), tokens, weight, bias, torch.cat(lps))  # source [N, V] held, or [N, H]
+    return Scores(out, routing if routers else None, margins if routers else None)
+
+
+def _projects(head: nn.Module, hidden: torch.Tensor, logits: torch.Tensor) -> bool:
+    """Whether the model's logits [C, V] are ``head``'s plain projection of ``hidden`` [C, H] (no softcap,
+    no scale), to the float rounding of an H-term dot product: |err| <= H * eps * (|h| @ |W|^T)."""
+    if not isinstance(head, nn.Linear) or hidden.dtype != logits.dtype:
+        return False
+    with torch.inference_mode():
+        again = nn.functional.linear(hidden, head.weight, head.bias)  # [C, V]
+        bound = hidden.shape[1] * torch.finfo(logits.dtype).eps * (hidden.abs() @ head.weight.abs().T + 1e-30)
+        return bool(((again - logits).abs() <= bound).all())
 
 
 def _routers(model: nn.Module) -> list[nn.Module]:

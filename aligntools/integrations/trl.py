@@ -2,7 +2,8 @@
 
     from aligntools.integrations.trl import attach, rollout_func
     trainer = GRPOTrainer(..., rollout_func=rollout_func("minirl:typical"))  # optional: a lab engine generates
-    attach(trainer, records="runs/records")                                  # records + stats every step
+    attach(trainer, records="runs/records", monitor_every=10)                # records + stats every step,
+                                                                             # per-site monitor every 10
 
 Why a wrapper and not a ``TrainerCallback``: a callback sees only TRL's post-truncation scalars;
 the per-token tensors (``sampling_per_token_logps``, ``old_per_token_logps``, ``completion_mask``)
@@ -11,19 +12,26 @@ default, on-policy layout) the trainer's logprobs exist only inside ``_compute_l
 wraps those two methods on the one trainer instance, returns their results unchanged, and logs
 through TRL's own metrics (``trainer._metrics``), so the numbers reach TRL's logger and TensorBoard
 with TRL's own. Every TRL internal this needs is named in this module and nowhere else.
+
+``monitor_every=K`` adds the per-site mismatch monitor (``aligntools.integrations.monitor``): right
+after a generation, when the engine that generated holds exactly the trainer's weights, both run on
+one fixed probe and every site's error goes to TRL's logger and ``records/metrics.nc``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from aligntools.integrations.monitor import SiteMonitor, probe_of
 from aligntools.integrations.stats import mismatch_stats, records_of, write_step
 from minirl import SamplingParams, build_engine
+from minirl.training.monitor import DEFAULT_SITES
 
 TRL_VERSION = "1.16.0"
 """The release this module is tested against (requirements.txt pins it)."""
@@ -104,19 +112,26 @@ def _processed(rollout: Any, trainer: Any) -> torch.Tensor:
 
 @dataclass
 class Attachment:
-    """What ``attach`` left on a trainer: where records go and the last step's statistics
-    (``last_stats``), for a script or a test to read without parsing logs."""
+    """What ``attach`` left on a trainer: where records go, the last step's statistics
+    (``last_stats``) and monitor reading (``last_reading``), for a script or a test to read without
+    parsing logs."""
 
     trainer: Any
     records: Path | None
+    monitor: SiteMonitor | None = None
+    monitor_tokens: int = 64
     last_stats: dict[str, float] = field(default_factory=dict)
+    last_reading: dict[str, float] = field(default_factory=dict)
     _pending: list[dict[str, torch.Tensor]] = field(default_factory=list)
     _capture: list[torch.Tensor] | None = None
+    _probe: torch.Tensor | None = None
+    _step: int = 0  # the step of the generation whose statistics are pending
 
     def after_generation(self, out: dict[str, Any]) -> None:
-        """One generation batch: write its records; its statistics now if TRL computed its own
-        logprobs (``old_per_token_logps``), else once the loss forwards have seen every slice."""
-        step = self.trainer.state.global_step
+        """One generation batch: write its records, read the monitor when due; its statistics now if
+        TRL computed its own logprobs (``old_per_token_logps``), else once the loss forwards have
+        seen every slice."""
+        step = self._step = self.trainer.state.global_step
         engine_lp = out.get("sampling_per_token_logps")  # [B, T]
         if engine_lp is None:
             raise RuntimeError(_NO_LOGPROBS)
@@ -124,6 +139,8 @@ class Attachment:
         if self.records is not None:
             write_step(records_of(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], mask, engine_lp,
                                   sampling_of(self.trainer), step, "processed"), self.records, step)
+        if self.monitor is not None and self.monitor.due(step):
+            self._read(step)
         if "old_per_token_logps" in out:
             self._log(mismatch_stats(out["old_per_token_logps"], engine_lp, mask))
 
@@ -138,11 +155,30 @@ class Attachment:
             self._pending.clear()
             self._log(mismatch_stats(cat["trainer"], cat["engine"], cat["mask"]))
 
+    def _read(self, step: int) -> None:
+        """A monitor reading of the trainer against the engine that just generated (synced to the
+        trainer's weights before it did, and the optimizer has not stepped since)."""
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        if self._probe is None:
+            dataset = self.trainer.train_dataset
+            prompts = dataset[: min(len(dataset), self.monitor_tokens)]["prompt"]
+            self._probe = probe_of(self.trainer._tokenize_prompts(prompts)[0], self.monitor_tokens)
+        with _own_forward(model):
+            self.last_reading = self.monitor.read(step, model, self.trainer.rollout_func.engine, self._probe)
+        self._metric(self.last_reading)
+
     def _log(self, stats: dict[str, float]) -> None:
+        """The generation's statistics: into TRL's metrics and, with the monitor on, as a row of the
+        records folder's run log."""
+        self.last_stats = stats
+        self._metric(stats)
+        if self.monitor is not None:
+            self.monitor.row(self._step, stats)
+
+    def _metric(self, values: dict[str, float]) -> None:
         """Into TRL's metrics: ``GRPOTrainer.log`` averages them over the logging window and sends them
         to every ``report_to`` backend (TensorBoard included) beside ``sampling/...``."""
-        self.last_stats = stats
-        for key, value in stats.items():
+        for key, value in values.items():
             self.trainer._metrics["train"][key].append(value)
 
 
@@ -151,13 +187,30 @@ _NO_LOGPROBS = ("attach: the trainer's generation returned no per-token logprobs
                 "engine spec, or GRPOConfig(use_vllm=True)")
 
 
-def attach(trainer: Any, records: str | Path | None = None) -> Attachment:
+def attach(trainer: Any, records: str | Path | None = None, monitor_every: int = 0, monitor_sites: str = DEFAULT_SITES,
+           monitor_mode: str = "stats", monitor_tokens: int = 64) -> Attachment:
     """Attach the lab to a built ``GRPOTrainer``: per generation, the rollouts as audit records in
     ``records/step-NNNNNN.jsonl`` (None: statistics only) and the ``mismatch/...`` statistics in TRL's
-    logs. The trainer's results are unchanged: the wrappers only read what TRL computes."""
+    logs. The trainer's results are unchanged: the wrappers only read what TRL computes.
+
+    ``monitor_every=K`` (0: off): the per-site mismatch monitor at the first generation and then
+    every K steps, on a probe of ``monitor_tokens`` tokens of the dataset's prompts, watching
+    ``monitor_sites`` in ``monitor_mode`` (minirl's ``monitor_*`` settings, docs/runs.md); its
+    readings go to TRL's logs (``mismatch/rel_l2/<site>``, ``mismatch/routing_flips/L<layer>``) and,
+    with ``records``, into ``records/metrics.nc`` beside each step's statistics, which
+    ``mlab plot RECORDS --sites`` draws. It needs the engine that generated in this process: a
+    ``rollout_func(spec)``."""
     if trainer.rollout_func is None and not trainer.use_vllm:
         raise ValueError(_NO_LOGPROBS)
-    att = Attachment(trainer, Path(records) if records is not None else None)
+    if monitor_every and not isinstance(trainer.rollout_func, EngineRollouts):
+        raise ValueError(f"attach(monitor_every={monitor_every}): the monitor reads the engine that generated, and "
+                         "only a rollout_func(spec) engine is in this process for it to read (TRL's own vLLM and "
+                         "other rollout functions are not); pass rollout_func=rollout_func('vllm:bfloat16') or "
+                         "another engine spec, or monitor_every=0")
+    folder = Path(records) if records is not None else None
+    monitor = (SiteMonitor(monitor_every, monitor_sites, monitor_mode, folder / "metrics.nc" if folder else None)
+               if monitor_every else None)
+    att = Attachment(trainer, folder, monitor, monitor_tokens)
     trainer._generate_and_score_completions = _after(trainer._generate_and_score_completions, trainer, att)
     trainer._compute_loss = _capturing_loss(trainer._compute_loss, trainer, att)
     trainer._get_per_token_logps_and_entropies = _captured(trainer._get_per_token_logps_and_entropies, att)
@@ -196,6 +249,21 @@ def _captured(logps_and_entropies: Callable, att: Attachment) -> Callable:
             att._capture.append(out[0])  # [b, T] per-token logprobs
         return out
     return wrapped
+
+
+@contextlib.contextmanager
+def _own_forward(model: torch.nn.Module) -> Iterator[None]:
+    """The model's class ``forward`` while the monitor reads it. TRL's fused LM head
+    (``trl.trainer.utils.add_fused_lm_head``) sets an instance ``forward`` that closes over the
+    original model's bound ``forward``, so the monitor's float64 copy of the model (its noise floor,
+    ``copy.deepcopy``) would run the trainer's model and capture nothing of its own. Without
+    ``fused_lm_head=True``, which the monitor never passes, that forward is the class one anyway."""
+    patched = model.__dict__.pop("forward", None)
+    try:
+        yield
+    finally:
+        if patched is not None:
+            model.forward = patched
 
 
 def sampling_of(trainer: Any) -> dict[str, float]:

@@ -8,6 +8,8 @@ bytes say which loader applies; every loader is one that cannot run code from th
 from __future__ import annotations
 
 import json
+import re
+import stat
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,9 +23,16 @@ TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 """The first pickled object of a pre-1.6 (non-zip) ``torch.save`` file."""
 
 
+RECORD_SUFFIXES = (".jsonl", ".json", ".parquet", ".pt", ".pth", ".pkl", ".pickle", ".safetensors", ".npz")
+"""What a records folder's files may be called; anything else there (``metrics.nc``, a plot) is not read."""
+
+
 def read(path: str | Path) -> list[Record]:
-    """Every record in ``path``; a ``RecordError`` naming the file, the entry and the fix otherwise."""
+    """Every record in ``path`` (a file, or a folder of them as TRL's attachment, slime and verl dump
+    one per step); a ``RecordError`` naming the file, the entry and the fix otherwise."""
     p = Path(path)
+    if p.is_dir():
+        return [r for f in folder_files(p) for r in read(f)]
     if not p.is_file():
         raise RecordError(f"{p}: no such file; give a records file ({', '.join(FORMATS)}; docs/audit.md)")
     with p.open("rb") as f:
@@ -32,6 +41,22 @@ def read(path: str | Path) -> list[Record]:
     if not records:
         raise RecordError(f"{p}: holds no records; write one record per sampled completion (docs/audit.md)")
     return records
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """The records files of ``folder`` in step order (``step-2`` before ``step-10``), hidden files
+    (a writer's temporaries) left out; a FIFO or device named like a records file is refused, since
+    reading it would hang or never end."""
+    names = sorted((f for f in folder.iterdir() if f.suffix in RECORD_SUFFIXES and not f.name.startswith(".")),
+                   key=lambda f: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f.name)])
+    for f in names:
+        if f.exists() and not stat.S_ISREG(f.stat().st_mode):
+            raise RecordError(f"{f}: not a regular file (a FIFO or device); give a records file or remove it from "
+                              f"the folder")
+    if not names:
+        raise RecordError(f"{folder}: a folder with no records file (named *{', *'.join(RECORD_SUFFIXES)}); give "
+                          f"the folder your run wrote its rollouts to, or the files themselves (docs/audit.md)")
+    return names
 
 
 def _read(p: Path, head: bytes) -> list[Record]:

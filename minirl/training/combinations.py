@@ -74,6 +74,10 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.rollout == "c3po" and c.c3po_token_budget < c.c3po_chunk_tokens,
          "the budget Φ is checked once per chunk and must cover one; raise c3po_token_budget or lower "
          "c3po_chunk_tokens"),
+    Rule("`record_rollouts` with `mode: async` or `ray`, or a tool task (`python_tool`)",
+         lambda c: c.record_rollouts and (_off_loop(c) or _tools(c)),
+         "the records are written by the sync loop, one sample per single-turn completion (tool-response tokens "
+         "were never sampled, so no engine logprob covers them); use mode: sync with a single-turn task"),
     Rule("`shared_prefix` with `router_replay`", lambda c: c.shared_prefix and c.router_replay != "none",
          "router replay's records are per padded sequence, shared_prefix packs one row per prompt; "
          "set shared_prefix: false"),

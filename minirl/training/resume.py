@@ -16,7 +16,7 @@ from minirl.training import attention, checkpointing
 from minirl.training.train_config import TrainConfig
 
 APPLIED = ("steps", "eval_every", "checkpoint_every", "monitor_every", "max_nan_steps", "progress", "report_to", "device", "out_dir",
-           "lr", "weight_decay", "betas", "grad_clip",
+           "record_rollouts", "lr", "weight_decay", "betas", "grad_clip",
            # where ray's workers run and in which order they are served: every sample keeps its seed
            "ray_address", "ray_num_cpus", "rollout_actors", "cpus_per_actor", "connect_timeout_s", "dispatch",
            "draft_tokens", "queue_capacity")

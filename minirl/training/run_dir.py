@@ -51,8 +51,12 @@ CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.jso
 another, a real run's ``--overwrite`` would be refused: ``tests/minirl/training/test_run_dir.py``)."""
 EVENTS = "tensorboard/events.out.tfevents."
 """the prefix of the TensorBoard event files a run lists one by one."""
-_FIXED_NAMES = (*OWNED, "monitor.png")
-RUN_NAMES = (*_FIXED_NAMES, f"{EVENTS}*")
+ROLLOUTS = "rollouts/"
+"""``record_rollouts``' folder: ``step-NNNNNN.jsonl`` per step, each written via ``.step.jsonl.tmp``
+(``minirl.training.rollout_records``), every name claimed before it is written."""
+_ROLLOUT_STEP = re.compile(r"rollouts/step-\d{6,}\.jsonl")
+_FIXED_NAMES = (*OWNED, "monitor.png", f"{ROLLOUTS}.step.jsonl.tmp")
+RUN_NAMES = (*_FIXED_NAMES, f"{EVENTS}*", f"{ROLLOUTS}step-*.jsonl")
 """every name a run writes; a manifest entry outside these is no run's, so the manifest is damaged."""
 MAX_MANIFEST_BYTES = 1 << 20
 """as the config reader's cap: a run's manifest is a few hundred bytes; a huge one is no run's."""
@@ -279,7 +283,7 @@ def _is_stamp(value: object) -> bool:
 def _why_not_run_name(name: str) -> str | None:
     """None when a run writes ``name`` (``RUN_NAMES``), else why it is no run's: spelled exactly,
     so ``.``, ``x/.``, ``' config.yaml'``, an absolute path or ``..`` never match."""
-    if name in _FIXED_NAMES:
+    if name in _FIXED_NAMES or _ROLLOUT_STEP.fullmatch(name):
         return None
     tail = name[len(EVENTS):] if name.startswith(EVENTS) else ""
     if tail and "/" not in tail and "\0" not in tail and tail.strip() == tail and len(EVENTS + tail) <= 12 + 255:
@@ -420,8 +424,9 @@ def _plan(path: Path, manifest: Manifest) -> _Removal:
                                                f"writes {name}")
             else:
                 raise _refusal(path, name, f"it is {describe_mode(st.st_mode)}, not what a run leaves there")
-            if name.startswith(EVENTS) and "tensorboard" not in removal.dirs:
-                removal.dirs.append("tensorboard")
+            folder = name.rpartition("/")[0]  # tensorboard/ or rollouts/: removed once left empty
+            if folder and folder not in removal.dirs:
+                removal.dirs.append(folder)
     finally:
         os.close(root)
     return removal

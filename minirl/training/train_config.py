@@ -267,6 +267,11 @@ class TrainConfig:
     report_to: str = one_of("none", ("none", "tensorboard"))
     """``none`` or ``tensorboard``: also write every metric as a TensorBoard scalar, offline, to
     ``<out_dir>/tensorboard`` (``tensorboard --logdir <out_dir>``)."""
+    record_rollouts: bool = False
+    """write every step's rollouts as audit records (docs/audit.md), one JSON Lines file per step,
+    ``<out_dir>/rollouts/step-000003.jsonl``, written whole (a killed run leaves no half file): token ids,
+    the engine's raw logprob of each sampled token, the sampling settings, routed experts (MoE); audit one
+    with ``mlab audit FILE --model CHECKPOINT`` (the weights that step was sampled with)."""
 
     # --- mismatch monitor (issue 40)
     monitor_every: int = ranged(0, 0, why="0 = off")

@@ -32,7 +32,7 @@ from minirl.engines import RolloutEngine, build_engine
 
 from minirl.algorithms import advantages, corrections, losses, router_replay
 
-from minirl.training import attention, checkpointing
+from minirl.training import attention, checkpointing, rollout_records
 from minirl.training.c3po_loop import C3poGroups
 from minirl.training.groups import Drawn, RolloutInputs, SyncGroups
 from minirl.training.lifecycle import Lifecycle
@@ -174,6 +174,8 @@ class Trainer:
         t = time.perf_counter()
         drawn: Drawn = self.groups.collect(step, _seed(self.cfg.seed, step, 1))
         time_rollout = time.perf_counter() - t
+        if self.cfg.record_rollouts and drawn.rollouts:  # the engine's rollouts as sampled, before any update
+            rollout_records.save(self.life.dir, step, drawn.rollouts, self.cfg.temperature)
         if drawn.rollouts:
             metrics = self.learn(step, drawn.rollouts, drawn.rewards, drawn.group_size)
         else:  # no complete / informative group this step (C3PO++, zero_variance: filter): nothing to learn from

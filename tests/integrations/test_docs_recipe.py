@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from aligntools.records import read
+from minirl.training import run_log
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
 
@@ -21,4 +22,7 @@ def test_trl_script_in_docs_runs(zoo, tmp_path):
                           env={**os.environ, "PYTHONPATH": str(DOC.parents[1]), "TRL_EXPERIMENTAL_SILENCE": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "'mismatch/ratio/mean'" in done.stdout
-    assert len(read(tmp_path / "runs/trl-attached/records/step-000002.jsonl")) == 8
+    records = tmp_path / "runs/trl-attached/records"
+    assert len(read(records / "step-000002.jsonl")) == 8
+    assert "'mismatch/rel_l2/L0.attn_out'" in done.stdout  # the monitor read at step 2, the last step logged
+    assert run_log.load(records / "metrics.nc")["monitor_step"].values.tolist() == [0, 2]

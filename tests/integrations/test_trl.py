@@ -1,8 +1,9 @@
 """TRL's ``GRPOTrainer`` with the lab attached (aligntools.integrations.trl), on the tiny zoo MoE on CPU.
 
-Three runs of 3 steps share one module fixture: ``attached`` (minirl bf16 rollouts, records and
-statistics), ``replayed`` (not attached, replaying the attached run's records as its rollouts) and
-``planted`` (attached, with an engine that samples at T = 0.7 while the run asks for T = 1).
+Three runs of 3 steps share one module fixture: ``attached`` (minirl bf16 rollouts, records,
+statistics and the per-site monitor every 2 steps), ``replayed`` (not attached, replaying the attached
+run's records as its rollouts) and ``planted`` (attached, with an engine that samples at T = 0.7
+while the run asks for T = 1).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import pytest
 import aligntools
 from aligntools.integrations.trl import attach, rollout_func
 from aligntools.records import read
+from labs import cli
+from minirl.training import run_log
 
 PROMPTS = ["1+2=", "3+4=", "5+1=", "2+2="]
 STEPS = 3
+MONITOR_EVERY = 2
 
 
 def reward(completions: list[str], completion_ids: list[list[int]], **_) -> list[float]:
@@ -25,7 +29,7 @@ def reward(completions: list[str], completion_ids: list[list[int]], **_) -> list
     return [float(len(set(ids))) for ids in completion_ids]
 
 
-def grpo(model_path: Path, out: Path, rollouts, steps_per_generation: int = 1):
+def grpo(model_path: Path, out: Path, rollouts, steps_per_generation: int = 1, report_to: str = "none"):
     """A stock GRPOTrainer script's trainer, with ``rollouts`` as its ``rollout_func`` and a list the losses land in."""
     import transformers
     from datasets import Dataset
@@ -38,7 +42,7 @@ def grpo(model_path: Path, out: Path, rollouts, steps_per_generation: int = 1):
             if logs and "loss" in logs:
                 losses.append(logs["loss"])
 
-    args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to="none", save_strategy="no", num_generations=4,
+    args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to=report_to, save_strategy="no", num_generations=4,
                       max_completion_length=8, per_device_train_batch_size=8 // steps_per_generation,
                       steps_per_generation=steps_per_generation, gradient_accumulation_steps=1, max_steps=STEPS,
                       learning_rate=1e-2, lr_scheduler_type="constant", beta=0.0, temperature=1.0, logging_steps=1,
@@ -81,8 +85,8 @@ def runs(zoo, tmp_path_factory):
     path = zoo("tiny-qwen3-moe")
     tmp = tmp_path_factory.mktemp("trl")
     out = {"path": path}
-    trainer, out["attached_losses"] = grpo(path, tmp / "a", rollout_func("minirl:typical"))
-    out["attached"] = attach(trainer, records=tmp / "a" / "records")
+    trainer, out["attached_losses"] = grpo(path, tmp / "a", rollout_func("minirl:typical"), report_to="tensorboard")
+    out["attached"] = attach(trainer, records=tmp / "a" / "records", monitor_every=MONITOR_EVERY)
     trainer.train()
     out["attached_logs"] = trainer.state.log_history
     trainer, out["replayed_losses"] = grpo(path, tmp / "b", replay(tmp / "a" / "records"))
@@ -132,3 +136,35 @@ def test_planted_temperature_named_by_audit(runs):
     result = aligntools.audit(runs["planted"].records / "step-000000.jsonl", runs["path"])
     assert result.causes[0].name == "temperature"
     assert result.causes[0].estimate == pytest.approx(0.7, rel=0.02)
+
+
+def test_monitor_every_k_steps_reaches_trl_logs_and_the_records_run_log(runs, tmp_path, capsys):
+    """The per-site monitor reads at step 0 and 2: its errors are in TRL's log history at those steps,
+    and in ``records/metrics.nc`` beside each step's statistics, which ``mlab plot --sites`` draws."""
+    logged = {h["step"] - 1: h for h in runs["attached_logs"] if "mismatch/ratio/mean" in h}  # TRL logs after the step
+    read_at = [s for s, h in logged.items() if any(k.startswith("mismatch/rel_l2/") for k in h)]
+    assert read_at == [0, 2]
+    assert logged[0]["mismatch/rel_l2/L0.attn_out"] > 0  # bf16 engine vs fp32 trainer
+    assert 0 <= logged[0]["mismatch/routing_flips/L0"] <= 1
+    records = runs["attached"].records
+    ds = run_log.load(records / "metrics.nc")
+    assert ds["monitor_step"].values.tolist() == [0, 2]
+    assert ds["step"].values.tolist() == list(range(STEPS))
+    assert ds["abs_dlogp_mean"].values[-1] == pytest.approx(runs["attached"].last_stats["mismatch/abs_dlogp/mean"])
+    site = ds["monitor_rel_l2"].sel(site="L0.attn_out").values
+    assert site[0] == pytest.approx(logged[0]["mismatch/rel_l2/L0.attn_out"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (board,) = {p.parent for p in (records.parent).rglob("events.out.tfevents.*")}  # TRL's TensorBoard folder
+    events = EventAccumulator(str(board))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/mismatch/rel_l2/L0.attn_out")] == [1, 3]  # TRL logs after the step
+    png = tmp_path / "sites.png"
+    assert cli.main(["plot", str(records), "--sites", "--out", str(png)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == str(png) and png.stat().st_size > 10_000
+
+
+def test_monitor_needs_the_engine_in_this_process(runs, tmp_path):
+    trainer, _ = grpo(runs["path"], tmp_path, replay(runs["attached"].records))
+    with pytest.raises(ValueError, match="only a rollout_func\\(spec\\) engine"):
+        attach(trainer, monitor_every=1)

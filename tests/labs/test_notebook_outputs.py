@@ -8,7 +8,9 @@ a number is in a sane range.
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 from collections.abc import Callable
 
 import nbformat
@@ -426,3 +428,56 @@ def test_checklist_claim_check_needs_the_knob_where_the_line_reaches_zero():
         check_02_bf16_claims(table, "the cumulative gap reaches **0** after 3 of 3 knobs (`a`, `b`, `c`)")
     with pytest.raises(AssertionError):
         check_02_bf16_claims(table, "alignment is all-or-nothing")
+
+
+def check_10(nb: nbformat.NotebookNode) -> None:
+    """The planted temperature bug is named with its T, the fixed run audits aligned, the bf16 engine numeric;
+    each reading says what its table shows, and the growth reading's direction, noise and largest term are
+    the growth table's."""
+    planted = tagged(nb, "temperature-audit")
+    estimate, gap, limit, _ = row(planted, "planted")
+    assert has_image(planted) and "temperature" in text(planted) and abs(estimate - 0.7) < 0.05 and gap > limit
+    md = markdown(tagged(nb, "temperature-reading"))
+    assert f"`temperature` with T ≈ {estimate:.3f}" in md, md
+    fixed = tagged(nb, "fixed-audit")
+    _, gap, limit, _ = row(fixed, "fixed")
+    assert has_image(fixed) and "aligned" in text(fixed).split("fixed")[-1] and gap <= limit
+    assert "audit says **aligned**" in markdown(tagged(nb, "fixed-reading"))
+    bf16 = tagged(nb, "bf16-audit")
+    assert has_image(bf16) and "numeric" in text(bf16) and row(bf16, "bf16")[1] > row(bf16, "bf16")[2]
+    assert "causes `numeric`" in markdown(tagged(nb, "bf16-reading"))
+    out = tagged(nb, "growth")
+    steps = [line.split()[0] for line in text(out).splitlines() if re.match(r"\d+\s+[-\d.]", line)]
+    (g0, se0, *_), (g1, se1, grew, *parts) = row(out, steps[0]), row(out, steps[-1])
+    assert has_image(out) and abs(sum(parts) - grew) < 1e-5 and abs(g1 - g0 - grew) < 1e-5
+    terms = ("length", "low_prob", "entropy", "staleness", "within")
+    md = markdown(tagged(nb, "growth-reading"))
+    assert f"`{terms[max(range(5), key=lambda k: abs(parts[k]))]}` (" in md.split("largest term at the last step is")[1]
+    noise = 2 * math.hypot(se0, se1)  # the table's rounding decides nothing within 2 % of the bound
+    assert abs(abs(grew) - noise) < 0.02 * noise or ("inside its noise" in md) == (abs(grew) <= noise), md
+    check_closing(nb, "conclusion")
+    check_quiet(nb)
+
+
+OUTPUT_CHECKS["10_your_run.ipynb"] = check_10
+
+
+def check_11(nb: nbformat.NotebookNode) -> None:
+    """Notebook 11 (TRL with the lab attached): every section plots, each reading names what its table
+    shows (the bucket with the largest mean gap, the lowest ESS), and the audit names ``numeric``."""
+    for tag in ("gap-by-bucket", "ratios", "monitor", "audit"):
+        assert has_image(tagged(nb, tag)), tag
+    lines = text([o for o in tagged(nb, "gap-by-bucket") if o.get("output_type") == "execute_result"]).splitlines()
+    buckets = lines[0].split()[:-1]  # the "all" column last
+    steps = [[float(x) for x in line.split()[1:]] for line in lines[2:]]  # NaN: no token in that bucket that step
+    means = {b: statistics.mean(v for s in steps if not math.isnan(v := s[i])) for i, b in enumerate(buckets)}
+    assert f"probability {max(means, key=means.get)[1:]};" in markdown(tagged(nb, "gap-reading"))
+    ess = min(row(tagged(nb, "ratios"), str(step))[-1] for step in range(len(steps)))  # the table's 4 decimals
+    said = re.search(r"\(([\d.]+)% of the sequences\)", markdown(tagged(nb, "ratio-reading")))
+    assert said and abs(float(said.group(1)) / 100 - ess) <= 6e-5, (said, ess)
+    assert "numeric" in text(tagged(nb, "audit"))
+    assert "**misaligned**" in (md := markdown(tagged(nb, "audit-reading"))) and "Causes named: `numeric`" in md, md
+    check_closing(nb, "end")
+
+
+OUTPUT_CHECKS["11_inside_trl.ipynb"] = check_11

@@ -151,3 +151,11 @@ def test_three_engines_row_at_small_size(tmp_path):
     for engine in ("vllm:bfloat16", "sglang:bfloat16", "minirl:typical"):
         assert 0 < s["numbers"][f"logits_rel_l2 {engine}"] < 0.05, engine  # bf16-sized against the fp32 trainer
     assert s["numbers"]["fingerprint_distance minirl:typical"] == 0  # minirl finds itself exactly
+
+
+def test_real_sglang_records_audit_aligned_in_fp32_shift_named_and_bf16_numeric(zoo, sglang_runner):
+    from minirl.sglang.rollouts import SglangRollouts
+    from tests.real_engine_audit import check_real_engine_records
+
+    check_real_engine_records(SglangRollouts(sglang_runner(MOE)), SglangRollouts(sglang_runner(MOE, "bfloat16")),
+                              zoo(MOE))

@@ -130,3 +130,10 @@ def test_c3po_loop_runs_on_vllm_with_prefix_caching(zoo, tmp_path):
     assert trained and all(len(o.versions) == len(o.token_ids) for o in trained)
     assert all(r["nan_skipped"] == 0 for r in result.rows)
     assert any(r["time_update"] > 0 for r in result.rows)
+
+
+def test_real_vllm_records_audit_aligned_in_fp32_shift_named_and_bf16_numeric(zoo, vllm_llm):
+    from tests.real_engine_audit import check_real_engine_records
+
+    check_real_engine_records(VllmRollouts(vllm_llm("tiny-qwen3-moe", "float32")),
+                              VllmRollouts(vllm_llm("tiny-qwen3-moe", "bfloat16")), zoo("tiny-qwen3-moe"))

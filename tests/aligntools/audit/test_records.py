@@ -139,3 +139,23 @@ def test_parquet_records_read_back(tmp_path):
 def test_missing_file_is_a_record_error(tmp_path):
     with pytest.raises(RecordError, match="no such file"):
         read(tmp_path / os.sep.join(["nope", "r.jsonl"]))
+
+
+def test_a_folder_reads_its_records_files_in_step_order(tmp_path):
+    """A run's records folder (TRL's attachment, slime, verl dump one file per step): every records
+    file in step order, step-2 before step-10; the run log and hidden temporaries are not read."""
+    for step in (10, 2):
+        write_jsonl([Record((1, step), (7,), (-0.5,), step=step)], tmp_path / f"step-{step}.jsonl")
+    (tmp_path / "metrics.nc").write_bytes(b"\x89HDF\r\n")
+    (tmp_path / ".step-11.jsonl.tmp").write_text("{half a line")
+    (tmp_path / ".step-12.jsonl").write_text("{half a line")
+    assert [r.step for r in read(tmp_path)] == [2, 10]
+
+
+def test_a_folder_without_records_or_with_a_fifo_is_refused_by_name(tmp_path):
+    (tmp_path / "metrics.nc").write_bytes(b"x")
+    with pytest.raises(RecordError, match=r"a folder with no records file .*\*\.jsonl"):
+        read(tmp_path)
+    os.mkfifo(tmp_path / "step-1.jsonl")
+    with pytest.raises(RecordError, match=r"step-1\.jsonl: not a regular file"):
+        read(tmp_path)

@@ -105,8 +105,8 @@ def test_SM01_to_SM04_every_broken_row_is_named_with_its_reason():
         assert part in msg
 
 
-@pytest.mark.parametrize("temperature", [1e-38, 1e-45])
-def test_SM08_a_temperature_below_float32s_range_is_refused(temperature):
+@pytest.mark.parametrize("case, temperature", [("SM08", 1e-38), ("SM08b", 1e-45)])
+def test_SM08_SM08b_a_temperature_below_float32s_range_is_refused(case, temperature):
     with pytest.raises(ValueError, match=rf"temperature={temperature!r} is outside float32's range.*0 for greedy"):
         SamplingParams(temperature=temperature)
     SamplingParams(temperature=TINY)  # the smallest normal float32 is accepted

@@ -83,6 +83,13 @@ def test_TC17_a_tiny_lr_is_accepted():
     assert TrainConfig(trainer_dtype="bfloat16", lr=1e-300).lr == 1e-300
 
 
+@pytest.mark.parametrize("case, value", [("TC19", "flash_attention_2"), ("TC20", "Eager"), ("TC21", ""),
+                                         ("TC22", "flex_attention")])
+def test_TC19_TC22_a_trainer_attention_outside_the_valid_ones_is_refused_listing_them(case, value):
+    _refused(rf"trainer_attention='{value}'; valid: auto, sdpa, eager; set trainer_attention to one of them",
+             trainer_attention=value)
+
+
 @pytest.mark.parametrize("case, value", [("TC23", "yes"), ("TC24", 1), ("TC25", None)])
 def test_TC23_TC25_shared_prefix_is_true_or_false(case, value):
     _refused(r"shared_prefix=.*: expected true or false; set shared_prefix to true or false", shared_prefix=value)

@@ -1,0 +1,312 @@
+"""Engine weights and numerics the trainer can reproduce: cause ``quantized_layers`` and the fingerprint of
+the ``numeric`` remainder.
+
+Why: a gap no semantic cause explains is still made by *something* the engine did differently, and two
+kinds of it can be re-enacted on a copy of the trainer's model and re-scored like ``stale_weights``:
+
+- ``quantized_layers``: layers served quantized while the trainer keeps them in full precision (vLLM PR
+  #44628: an FP8 checkpoint's short ``modules_to_not_convert`` patterns silently quantized layers meant to
+  stay bf16). Each minirl weight format (``minirl.engine.quantize``) on each layer group is one candidate;
+  rounding is deterministic, so the right one reproduces the engine to the noise floor and is named;
+- the fingerprint: which precision choice (bf16 everywhere, bf16 lm_head only, bf16 norms, ...) reproduces
+  the remainder best, as the share of the gap each removes. A bf16 engine's decode differs from a bf16
+  re-score (another reduction order), so shares stay below 1: they rank the choices, they do not prove one.
+  ``replay`` then runs a record through the minirl engine computing as the best one, site by site, to
+  where its numerics first part from the trainer's.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from aligntools.audit.registry import ACCEPT, Fit, register_cause
+from aligntools.audit.state import Context, State, gap
+from aligntools.records import Record, read
+
+SCHEMES = ("fp8_e4m3", "fp8_e4m3_tensor", "int8", "int4")
+"""minirl's weight formats (``minirl.engine.quantize.FORMATS`` less ``none``)."""
+COARSE = ("all", "linear", "attention", "mlp", "lm_head", "embeddings")
+"""Layer groups tried with every scheme: ``all`` matrices (a GGUF file's), ``linear``, what
+``minirl.Knobs(weights=...)`` quantizes (attention and MLP matrices; router, embeddings and lm_head kept),
+and its parts. The best scheme is then tried on each decoder layer alone (``layer i``), unless a group
+already reproduces the engine (``EXACT``): every scheme on every layer would cost layers x schemes screens."""
+REACH_MARGIN = 2.0
+"""A scheme is screened only if, on ``all`` matrices, it moves the logprobs by at least (1 - ``ACCEPT``) of
+the gap over this margin. Why: a candidate c is named only if |engine - c| <= ACCEPT * |engine - trainer|,
+so (triangle inequality) |c - trainer| >= (1 - ACCEPT) * gap; the scheme on all matrices moves them the
+most (more rounded matrices, more independent error), and the margin covers that heuristic. A temperature
+or truncation gap of 0.2 nats is out of reach of fp8 (0.02 on the tiny models) and skips its 25 screens."""
+SCREEN_TOKENS = 32
+"""Completion tokens (the first records holding them, or the first record's first ones) every quantization
+candidate is re-scored on: the right candidate reproduces each token to the noise floor, a wrong one misses
+each by its rounding, so a few dozen tokens rank them; only the winner is re-scored on every record. A
+screen is one forward (smollm2-135m over 70 tokens: 1.1 s on one loaded core)."""
+EXACT = 0.01
+"""A candidate whose screened gap is below this fraction of the trainer's reproduces the engine: no single
+layer can do better, and the per-layer screen (one forward per layer) is skipped."""
+FINGERPRINT_TOKENS = 256
+"""Tokens the fingerprint re-scores per candidate (the first records holding them): a precision choice is
+systematic, a few hundred tokens rank the candidates (8 candidates: 8 re-scores of them)."""
+
+
+def layer_groups(model: nn.Module) -> dict[str, list[str]]:
+    """Parameter names of the matrices [.., out, in] of each layer group (``COARSE``, then ``layer i``);
+    a group holding the same tensors as an earlier one (a tied lm_head) is left out."""
+    from aligntools.adapters.roles import find_roles
+
+    roles = find_roles(model, getattr(model, "config", None))
+    if roles is None:
+        return {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    routers = {id(p) for lr in roles.layers if lr.router is not None for p in lr.router.parameters()}
+
+    def matrices(*modules: nn.Module | None) -> list[str]:
+        return [names[id(p)] for m in modules if m is not None for p in m.parameters()
+                if p.ndim >= 2 and id(p) not in routers]
+
+    attn = [n for lr in roles.layers for n in matrices(lr.attn)]
+    mlp = [n for lr in roles.layers for n in matrices(lr.mlp)]
+    head, embed = matrices(roles.lm_head), matrices(roles.embed)
+    groups = {"all": list(dict.fromkeys(attn + mlp + head + embed)), "linear": attn + mlp, "attention": attn,
+              "mlp": mlp, "lm_head": head, "embeddings": embed,
+              **{f"layer {lr.index}": matrices(lr.attn, lr.mlp) for lr in roles.layers}}
+    out: dict[str, list[str]] = {}
+    for name, group in groups.items():
+        if group and set(group) not in [set(g) for g in out.values()]:
+            out[name] = group
+    return out
+
+
+def quantized(model: nn.Module, names: Iterable[str], fmt: str) -> dict[str, torch.Tensor]:
+    """The matrices ``names`` of ``model`` rounded to ``fmt`` and dequantized, by name (those the format cannot
+    hold, int4 on a width not a multiple of 32, are left out: minirl's engine keeps them in full precision)."""
+    from minirl import fake_quantize, unfit
+
+    return {n: fake_quantize(p, fmt, n) for n in names if unfit(fmt, (p := model.get_parameter(n)).shape) is None}
+
+
+def served(model: nn.Module, weights: dict[str, torch.Tensor]) -> nn.Module:
+    """A copy of ``model`` with ``weights`` (by parameter name) in place of its own."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, w in weights.items():
+            out.get_parameter(name).copy_(w)
+    return out
+
+
+def _screen_context(ctx: Context) -> Context:
+    """The first records holding ``SCREEN_TOKENS`` tokens, the first one cut to them where it alone holds
+    more (a long completion): a prefix of ``ctx``'s rows, so the state's processors read the same rows."""
+    sub, n = ctx.head(SCREEN_TOKENS)
+    if n <= SCREEN_TOKENS:
+        return sub
+    r = sub.records[0]
+    cut = dataclasses.replace(r, completion_ids=r.completion_ids[:SCREEN_TOKENS], logprobs=r.logprobs[:SCREEN_TOKENS])
+    return Context.of([cut], ctx.model, ctx.vocab)
+
+
+def _screened(sub: Context, state: State, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The modelled logprobs [n] of the screening records ``sub`` (``_screen_context``) with ``weights`` (by
+    name) substituted in the trainer and ``state``'s processors and shift, all records in one right-padded
+    forward without a copy of the model: a screen, within float32 noise of ``score``'s one record at a time,
+    which the winner is re-scored with."""
+    seqs = [list(r.prompt_ids) + list(r.completion_ids)[:-1] for r in sub.records]
+    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)  # [B, L]
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), 1
+    start = min(len(r.prompt_ids) for r in sub.records) - 1  # lm_head only from the first completion row on
+    kwargs = {"input_ids": ids, "attention_mask": mask, "logits_to_keep": ids.shape[1] - start}
+    with torch.inference_mode():
+        out = torch.func.functional_call(sub.model, weights, (), kwargs).logits
+    # out: [B, L - start, V]; row t - start of record i predicts its token t + 1
+    logits = torch.cat([out[i, len(r.prompt_ids) - 1 - start:len(s) - start]
+                        for i, (r, s) in enumerate(zip(sub.records, seqs))])
+    # the state's processors and shift on the screened rows (a prefix: the same row indices)
+    return dataclasses.replace(state, logits=logits, tokens=sub.tokens, owner=sub.owner).logprobs()
+
+
+@register_cause("quantized_layers")
+def quantized_layers(ctx: Context, state: State) -> Fit | None:
+    """Screen each scheme within reach (``REACH_MARGIN``) on each layer group; the best is what the engine
+    served quantized."""
+    groups = layer_groups(ctx.model)
+    if not groups:
+        return None
+    sub = _screen_context(ctx)
+    trainer = _screened(sub, state, {})  # [n]
+    g = float((sub.engine - trainer).abs().mean())
+    tried: dict[tuple[str, str], float] = {}
+
+    def screen(fmt: str, among: list[str], rounded: dict[str, torch.Tensor]) -> None:
+        for group in among:
+            lp = _screened(sub, state, {n: rounded[n] for n in groups[group] if n in rounded})
+            tried[fmt, group] = float((sub.engine - lp).abs().mean())
+
+    for fmt in SCHEMES:
+        rounded = quantized(ctx.model, groups["all"], fmt)  # each matrix once
+        lp = _screened(sub, state, rounded)  # [n]
+        if float((lp - trainer).abs().mean()) * REACH_MARGIN >= (1 - ACCEPT) * g:
+            tried[fmt, "all"] = float((sub.engine - lp).abs().mean())
+            screen(fmt, [c for c in COARSE if c in groups and c != "all"], rounded)
+    if not tried:
+        return None
+    fmt, group = min(tried, key=tried.__getitem__)
+    if tried[fmt, group] > EXACT * g:  # no layer group reproduces the engine: one layer alone?
+        screen(fmt, [c for c in groups if c not in COARSE], quantized(ctx.model, groups["all"], fmt))
+        fmt, group = min(tried, key=tried.__getitem__)
+    names, key = groups[group], f"quantized:{fmt}:{group}"
+
+    def apply(c: Context, s: State) -> State:
+        load = lambda: served(c.model, quantized(c.model, names, fmt))  # noqa: E731
+        return s.with_logits(c.rescore(key, [r.prompt_ids for r in c.records], load=load))
+
+    ranked = sorted(tried, key=tried.__getitem__)[:3]
+    fix = (f"the engine served {group} with {fmt} weights, which the trainer keeps in full precision: check the "
+           "checkpoint's quantization config (modules_to_not_convert / ignore patterns, vLLM PR #44628), or "
+           f"quantize the trainer alike (minirl Knobs(weights={fmt!r})) and correct with TIS")
+    return Fit("quantized_layers", f"{fmt} on {group}", "scheme", apply, fix,
+               {"screened_gap": {f"{f} on {grp}": tried[f, grp] for f, grp in ranked}})
+
+
+def _to(x: object, dtype: torch.dtype) -> object:
+    """``x`` with its floating tensors (also inside tuples, lists and dicts) cast to ``dtype``."""
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(v, dtype) for v in x)
+    if isinstance(x, dict):
+        return {k: _to(v, dtype) for k, v in x.items()}
+    return x
+
+
+def in_dtype(modules: Iterable[nn.Module | None], dtype: torch.dtype) -> None:
+    """Run each module in ``dtype`` (weights and inputs cast, outputs back to float32), in place: an engine
+    that computes that part in ``dtype`` and hands float32 on."""
+    for m in (m for m in modules if m is not None):
+        m.to(dtype)
+        m.register_forward_pre_hook(lambda _, args, kwargs: (_to(args, dtype), _to(kwargs, dtype)), with_kwargs=True)
+        m.register_forward_hook(lambda _, args, out: _to(out, torch.float32))
+
+
+def _bf16_weights(model: nn.Module) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16))
+
+
+def _gemm(m: nn.Module) -> bool:
+    """A linear layer, or MoE experts (stacked GEMM weights [E, out, in], no ``nn.Linear``)."""
+    return isinstance(m, nn.Linear) or isinstance(getattr(m, "gate_up_proj", None), nn.Parameter)
+
+
+def _part(pick: Callable[[object], Iterable[nn.Module | None]], dtype: torch.dtype = torch.bfloat16):
+    def apply(model: nn.Module) -> None:
+        from aligntools.adapters.roles import find_roles
+
+        in_dtype(pick(find_roles(model, getattr(model, "config", None))), dtype)
+
+    return apply
+
+
+KNOBS: dict[str, Callable[[nn.Module], object]] = {
+    "bf16": lambda m: m.to(torch.bfloat16),  # transformers in bf16 = minirl Knobs.hf_exact() at dtype bfloat16
+    "fp16": lambda m: m.to(torch.float16),
+    "bf16 weights": _bf16_weights,  # a bf16 checkpoint, fp32 compute = Knobs(weight_dtype="bfloat16"), fp32
+    "bf16 matmuls": _part(lambda r: [*(m for lr in r.layers for m in lr.layer.modules() if _gemm(m)), r.lm_head]),
+    "bf16 lm_head": _part(lambda r: [r.lm_head]),  # = Knobs(lm_head_dtype="bfloat16"), fp32 activations
+    "bf16 attention": _part(lambda r: [lr.attn for lr in r.layers]),
+    "bf16 mlp": _part(lambda r: [lr.mlp for lr in r.layers]),
+    "bf16 norms": _part(lambda r: [*(n for lr in r.layers for n in (lr.attn_norm, lr.mlp_norm)), r.final_norm]),
+}
+"""Fingerprint candidates: name -> what it does to a copy of the trainer's fp32 model, in place. Emulated by
+casting parts of the HF model (any architecture transformers runs), not by minirl's engine (which runs the
+architectures it implements); the comments name the minirl knob each one matches."""
+
+
+def _rescored(ctx: Context, model: nn.Module) -> torch.Tensor:
+    """Logits [N, V] of ``ctx``'s recorded tokens under ``model``."""
+    from aligntools.audit.score import score
+
+    return score(model, [r.prompt_ids for r in ctx.records], [r.completion_ids for r in ctx.records]).logits
+
+
+def shares(ctx: Context, state: State) -> list[tuple[str, float]]:
+    """(candidate, share of the gap of ``state`` it removes, clipped at 0), best first; each candidate is
+    one re-score of ``ctx``'s records, with the processors and shift of ``state`` kept."""
+    g0 = gap(ctx, state)
+    out = []
+    for name, apply in KNOBS.items():
+        engine = copy.deepcopy(ctx.model)
+        apply(engine)
+        g = gap(ctx, state.with_logits(_rescored(ctx, engine)))
+        out.append((name, max(0.0, 1 - g / g0) if g0 > 0 else 0.0))
+    return sorted(out, key=lambda x: -x[1])
+
+
+def fingerprint(records: Iterable[Record] | str | os.PathLike, model: str | os.PathLike | nn.Module,
+                tokens: int = FINGERPRINT_TOKENS) -> list[tuple[str, float]]:
+    """Which engine precision choice reproduces ``records``' logprobs best: (candidate of ``KNOBS``, share of
+    the trainer-engine gap it removes), best first, on the first records holding ``tokens`` tokens."""
+    from aligntools.audit.score import load_model
+
+    recs = read(records) if isinstance(records, (str, os.PathLike)) else list(records)
+    trainer = load_model(model)
+    ctx, _ = Context.of(recs, trainer, trainer.get_output_embeddings().weight.shape[0]).head(tokens)
+    return shares(ctx, State(_rescored(ctx, trainer), ctx.tokens, ctx.owner))
+
+
+def numeric_detail(ctx: Context, state: State) -> dict:
+    """What the audit adds to ``numeric``'s ``detail`` (``state``: the causes found, applied): ``fingerprint``,
+    the ``shares`` on the first records holding ``FINGERPRINT_TOKENS`` with ``state``'s processors and shift,
+    and ``replay``, the first record through the minirl engine of the best candidate (``replay``; None when
+    no candidate removes any of the gap)."""
+    sub, _ = ctx.head(FINGERPRINT_TOKENS)
+    found = shares(sub, dataclasses.replace(state, logits=_rescored(sub, ctx.model), tokens=sub.tokens,
+                                            owner=sub.owner))
+    best, share = found[0]
+    return {"fingerprint": found, "replay": replay(ctx.records[0], ctx.model, best) if share > 0 else None}
+
+
+ENGINES: dict[str, tuple[str, dict]] = {
+    "bf16": ("bfloat16", {}),
+    "fp16": ("float16", {}),
+    "bf16 weights": ("float32", {"weight_dtype": "bfloat16"}),
+    "bf16 lm_head": ("float32", {"lm_head_dtype": "bfloat16"}),
+    "bf16 norms": ("float32", {"rmsnorm": "bf16_compute"}),
+}
+"""Fingerprint candidates minirl's engine computes: (activation dtype, changes to ``Knobs.hf_exact()``,
+which is transformers bit for bit in any dtype). The others (bf16 matmuls, attention, mlp) have no knob."""
+
+
+def replay(record: Record, model: nn.Module, candidate: str) -> dict | None:
+    """Replay ``record``'s tokens through the trainer and through the minirl engine computing as
+    ``candidate``, site by site (``aligntools.capture``, ``compare`` with every site held to float32's
+    limits, the trainer's): where that engine's numerics part from the trainer's. None for a candidate no
+    knob setting matches; ``error`` when minirl cannot run the model (an architecture it does not implement)."""
+    from aligntools.analyzer.comparison import compare
+    from aligntools.analyzer.tolerance import DTYPE_RULES, Tolerance
+    from aligntools.tracker.tracker import capture
+    from minirl import Engine, Knobs
+
+    if candidate not in ENGINES:
+        return None
+    dtype, changes = ENGINES[candidate]
+    spec = f"minirl {dtype}, Knobs.hf_exact().replace({', '.join(f'{k}={v!r}' for k, v in changes.items())})"
+    knobs = Knobs.hf_exact().replace(**changes)
+    try:
+        engine = Engine(model.config.to_dict(), model.state_dict(), dtype=dtype, knobs=knobs)
+    except ValueError as e:
+        return {"engine": spec, "error": str(e)}
+    ids = torch.tensor([[*record.prompt_ids, *record.completion_ids[:-1]]])  # [1, S]
+    trainer_limits = Tolerance(dtypes=dict.fromkeys(DTYPE_RULES, DTYPE_RULES["float32"]))  # every site held to fp32's
+    cmp = compare(capture(model, ids), capture(engine, ids), labels=("trainer", "engine"), tolerance=trainer_limits)
+    first = cmp.first_divergence
+    return {"engine": spec, "first_divergence": None if first is None else first.site,
+            "why": None if first is None else str(first), "failures": len(cmp.failures)}
