@@ -85,13 +85,13 @@ def summary_lines(gate: GateResult) -> list[str]:
 
 
 def report_section(r: Report, gate: GateResult) -> Report:
-    """The report's drill-down section (anchor ``#drill-down``, linked from the diagnosis)."""
+    """The report's drill-down section: the drill (anchor ``#drill-down``, linked from the diagnosis), else the hint."""
     drilled, line = getattr(gate, "drilldown", None), hint(gate)
     if drilled is None and line is None:
         return r
+    if drilled is None:  # a hint, which no link points at: no anchor (a report may hold several)
+        return r.heading("Drill-down: the first divergent op").text(line)
     r.heading("Drill-down: the first divergent op", anchor=ANCHOR)
-    if drilled is None:
-        return r.text(line)
     r.text(str(drilled.first) if drilled.first else "no op jumps above its inputs' error")
     table = drilled.table.assign(jumps=drilled.table["jumps"].map({True: "first", False: ""}))
     return r.table(table, failed=drilled.table["jumps"])

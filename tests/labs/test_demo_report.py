@@ -109,3 +109,16 @@ def test_the_diagnosis_links_to_the_drill_down_only_when_a_drill_ran():
     assert f'href="#{ANCHOR}"' not in diagnosis_link(Report("t"), SimpleNamespace(drilldown=None)).render()
     drilled = SimpleNamespace(drilldown=SimpleNamespace(site="L2.mlp_out"))
     assert f'<a href="#{ANCHOR}">Drill-down: the ops inside L2.mlp_out' in diagnosis_link(Report("t"), drilled).render()
+
+
+def test_a_hint_section_takes_no_anchor_so_two_blocks_never_repeat_an_id(monkeypatch):
+    """The demo's bf16-trainer block adds a second drill-down section: as a hint (no drill ran, no link
+    points at it) it carries no ``id``, so the page holds no repeated id."""
+    from aligntools.drilldown import gate as drill_gate
+
+    monkeypatch.setattr(drill_gate, "hint", lambda gate: "drill-down: the ops inside L1.mlp_out: ...")
+    r = Report("t")
+    for _ in range(2):
+        drill_gate.report_section(r, SimpleNamespace(drilldown=None))
+    page = r.render()
+    assert page.count("Drill-down: the first divergent op") == 2 and f'id="{drill_gate.ANCHOR}"' not in page
