@@ -549,5 +549,61 @@ def _fp16(small: bool) -> Outcome:
                    {f"{k} {m}": v for m, (_, nums) in verdicts.items() for k, v in nums.items()})
 
 
+def _arms_dir(name: str, small: bool) -> Path:
+    """Where an entry's resumable arms live: ``runs/reproduce/<name>/arms`` at full size (a killed
+    entry resumes at its first arm not written), a fresh temporary folder at ``--small``."""
+    return Path(tempfile.mkdtemp(prefix=f"{name}_arms_")) if small else OUT / name / "arms"
+
+
+@reproduction("on_policy", finding="A setting where the trainer's recomputed log-probs equal the rollout engine's "
+              "bit for bit at every RL step (max |Δ logprob| exactly 0), what it costs, and batch invariance",
+              paper="Ring-linear §5.2.1: aligning each module closes the gap; no paper reports an exact 0 over RL steps")
+def _on_policy(small: bool) -> Outcome:
+    """``labs.on_policy_lab``: each ``SETTINGS`` entry as real RL steps on the tiny dense model and
+    the tiny MoE over 3 seeds, verdict by ``on_policy_lab.RULE``; the batch-invariance count beside
+    it (``--small``: tiny-qwen3, two settings, 2 seeds of 1 step, batch sizes 1, 3, 8)."""
+    from labs import on_policy_lab
+
+    sizes = on_policy_lab.SMALL if small else on_policy_lab.Sizes()
+    ds = on_policy_lab.measure(sizes, _arms_dir("on_policy", small), SPLIT_SEED)
+    table, numbers = on_policy_lab.verdict(ds)
+    invariance = on_policy_lab.batch_invariance(sizes.models[0], sizes)
+    numbers.update({f"distinct_greedy batch_invariant={k}": float(v) for k, v in invariance["distinct"].items()})
+    as_ds = xr.Dataset.from_dataframe(table.drop(columns=["max_ci", "mean_ci"]))
+    return Outcome(on_policy_lab.sentence(table, invariance), {"on_policy": ds, "verdict": as_ds,
+                                                                "batch_invariance": xr.Dataset.from_dataframe(invariance)},
+                   {"on_policy": on_policy_lab.figure(ds)}, numbers)
+
+
+@reproduction("r3_layers", finding="Routing flips per layer and per token on a deep MoE (bf16 engine vs trainer), "
+              "and the k3 KL with and without R3",
+              paper="R3 (Ma et al., arXiv 2510.11370; section not checked here): ~10 % of routers flip per layer, 94 % of tokens flip in "
+                    ">= 1 layer (Qwen3-30B-A3B); R3 lowers the training-inference KL")
+def _r3_layers(small: bool) -> Outcome:
+    """``labs.r3_layers_lab`` on the deep zoo MoE (16 layers, 64 experts top-8), fp32 and bf16
+    trainers, 3 seeds (``--small``: the 4-layer MoE, fp32 trainer, 2 seeds of 2 x 2 rollouts)."""
+    from labs import r3_layers_lab
+
+    sizes = r3_layers_lab.SMALL if small else r3_layers_lab.Sizes()
+    ds = r3_layers_lab.measure(sizes, _arms_dir("r3_layers", small))
+    text, numbers = r3_layers_lab.verdict(ds)
+    return Outcome(text, {"r3_layers": ds}, {"r3_layers": r3_layers_lab.figure(ds)}, numbers)
+
+
+@reproduction("lr0", finding="At lr = 0 the train-inference mismatch stays flat; at the normal lr it grows "
+              "(same seeds, tiny MoE, bf16 rollouts vs the fp32 trainer)",
+              paper="Ring-1T §2.3.4: the mismatch compounds as training goes on; no lr = 0 control is reported")
+def _lr0(small: bool) -> Outcome:
+    """``labs.lr0_lab``: 12 RL steps per seed at lr 0 and at 1e-3, 3 seeds, verdict by ``lr0_lab.RULE``
+    (``--small``: 3 steps of 2 x 2 rollouts, 2 seeds)."""
+    from labs import lr0_lab
+
+    ds = lr0_lab.measure(lr0_lab.SMALL if small else lr0_lab.Sizes(), _arms_dir("lr0", small), SPLIT_SEED)
+    text, numbers = lr0_lab.verdict(ds)
+    curves = lr0_lab.seeded(ds)
+    return Outcome(text, {"lr0": ds}, {"lr0": band_figure(curves, "mean |Δ logprob|", "lr = 0 vs the normal lr")},
+                   numbers, curves)
+
+
 if __name__ == "__main__":
     sys.exit(main())
