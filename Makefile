@@ -7,6 +7,10 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
+# matplotlib's font list is cached per user, keyed by version only: a list another install wrote (CI
+# boxes carry one that lacks matplotlib's own STIX fonts) makes every log-scale tick warn "findfont"
+# into the notebooks. The project keeps its own, built from this venv's matplotlib.
+export MPLCONFIGDIR := $(CURDIR)/.venv/matplotlib
 unexport PYTHONDONTWRITEBYTECODE
 
 # torch 2.13.0+cpu: from a local wheel folder when pip is configured with one (find-links),

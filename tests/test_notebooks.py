@@ -81,3 +81,20 @@ def test_first_cell_says_how_long_it_takes_and_how_to_change_it(name):
     assert name in RUNTIME_S, f"README's notebook table has no default-size time for {name}"
     assert f"**Runtime.** About {RUNTIME_S[name]} s at the default size" in first, first[-400:]
     assert "`MLAB_NOTEBOOK_SMALL=1`" in first or "no size switch" in first
+
+
+def test_log_scale_ticks_find_matplotlib_own_fonts(tmp_path):
+    """A log-scale tick is mathtext, whose DejaVu set loads the STIX fonts matplotlib ships. A per-user
+    font cache written by another install (CI boxes carry one without them) makes each such tick warn
+    into the notebooks; the Makefile points MPLCONFIGDIR at the venv's own cache. Rendered in a child
+    so this process's loaded font list does not answer for the environment's."""
+    import os
+    import subprocess
+    import sys
+    code = ("import logging, matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt\n"
+            "logging.basicConfig()\n"
+            "fig, ax = plt.subplots(); ax.set_yscale('log'); ax.plot([1, 2], [1e-3, 1e2]); fig.canvas.draw()")
+    done = subprocess.run([sys.executable, "-c", code], env=os.environ, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "findfont" not in done.stderr, f"{done.stderr.strip()[:300]} (MPLCONFIGDIR={os.environ.get('MPLCONFIGDIR')})"
