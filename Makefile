@@ -106,6 +106,7 @@ bench: $(STAMP)
 	$(RUN) benchmarks/bench_prepack.py
 	$(RUN) benchmarks/bench_tracker.py --hidden 1024
 	$(RUN) benchmarks/bench_row_hash.py
+	$(RUN) benchmarks/bench_run_log.py
 	$(RUN) benchmarks/bench_compare.py
 	$(RUN) benchmarks/bench_gemm_dtypes.py
 	$(PIP) -c requirements.txt -r requirements-bench.txt

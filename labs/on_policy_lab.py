@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from minirl.quiet import quiet_when_asked
+
 RULE = "on-policy bitwise: max |Δ logprob| == 0 at every step of every seed"
 KEEP = ("abs_dlogp_max", "abs_dlogp_mean", "mismatch_kl_k3", "time_rollout")  # the per-step columns an arm keeps
 
@@ -129,6 +131,7 @@ def arm(cfg, cache: Path, split_seed: int, prepare: Callable | None = None) -> x
     return ds
 
 
+@quiet_when_asked
 def measure(sizes: Sizes, arms_dir: Path, split_seed: int, progress: bool = False) -> xr.Dataset:
     """Every (model, setting, seed) arm -> ``KEEP`` variables with dims (model, setting, seed, step)."""
     from tqdm.auto import tqdm

@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import os
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -28,6 +29,9 @@ from torch import nn
 from aligntools.audit.registry import ACCEPT, Fit, register_cause
 from aligntools.audit.state import Context, State, gap
 from aligntools.records import Record, read
+
+if TYPE_CHECKING:
+    from aligntools.analyzer.tolerance import Tolerance
 
 SCHEMES = ("fp8_e4m3", "fp8_e4m3_tensor", "int8", "int4")
 """minirl's weight formats (``minirl.engine.quantize.FORMATS`` less ``none``)."""
@@ -285,28 +289,38 @@ ENGINES: dict[str, tuple[str, dict]] = {
 which is transformers bit for bit in any dtype). The others (bf16 matmuls, attention, mlp) have no knob."""
 
 
+def trainer_limits() -> Tolerance:
+    """Every site and op held to float32's limits, the trainer's: the replay and its drill ask where the
+    engine's numerics part from the trainer's, not whether they stay within the engine dtype's allowance."""
+    from aligntools.analyzer.tolerance import DTYPE_RULES, Tolerance
+
+    return Tolerance(dtypes=dict.fromkeys(DTYPE_RULES, DTYPE_RULES["float32"]))
+
+
 def replay(record: Record, model: nn.Module, candidate: str) -> dict | None:
     """Replay ``record``'s tokens through the trainer and through the minirl engine computing as
     ``candidate``, site by site (``aligntools.capture``, ``compare`` with every site held to float32's
-    limits, the trainer's): where that engine's numerics part from the trainer's. None for a candidate no
-    knob setting matches; ``error`` when minirl cannot run the model (an architecture it does not implement)."""
+    limits, the trainer's): where that engine's numerics part from the trainer's. ``engine`` is its spec as
+    ``mlab check --infer`` and ``aligntools.drill`` take it; ``drill``, the site ``mlab audit --drill``
+    opens (``drilldown.gate.target_in``: the first divergence is often a norm or the logits, which hold no
+    ops to drill) and why that one. None for a candidate no knob setting matches; ``error`` when minirl
+    cannot run the model (an architecture it does not implement)."""
     from aligntools.analyzer.comparison import compare
-    from aligntools.analyzer.tolerance import DTYPE_RULES, Tolerance
+    from aligntools.drilldown.gate import target_in
     from aligntools.tracker.tracker import capture
-    from minirl import Engine, Knobs
+    from minirl import Engine, EngineSpec
 
     if candidate not in ENGINES:
         return None
     dtype, changes = ENGINES[candidate]
-    spec = f"minirl {dtype}, Knobs.hf_exact().replace({', '.join(f'{k}={v!r}' for k, v in changes.items())})"
-    knobs = Knobs.hf_exact().replace(**changes)
+    spec = EngineSpec.parse(",".join(["minirl:hf_exact", *(f"{k}={v}" for k, v in changes.items()), f"dtype={dtype}"]))
     try:
-        engine = Engine(model.config.to_dict(), model.state_dict(), dtype=dtype, knobs=knobs)
+        engine = Engine(model.config.to_dict(), model.state_dict(), dtype=dtype, knobs=spec.knobs())
     except ValueError as e:
-        return {"engine": spec, "error": str(e)}
+        return {"engine": str(spec), "error": str(e)}
     ids = torch.tensor([[*record.prompt_ids, *record.completion_ids[:-1]]])  # [1, S]
-    trainer_limits = Tolerance(dtypes=dict.fromkeys(DTYPE_RULES, DTYPE_RULES["float32"]))  # every site held to fp32's
-    cmp = compare(capture(model, ids), capture(engine, ids), labels=("trainer", "engine"), tolerance=trainer_limits)
-    first = cmp.first_divergence
-    return {"engine": spec, "first_divergence": None if first is None else first.site,
-            "why": None if first is None else str(first), "failures": len(cmp.failures)}
+    cmp = compare(capture(model, ids), capture(engine, ids), labels=("trainer", "engine"), tolerance=trainer_limits())
+    first, drill = cmp.first_divergence, target_in(cmp)
+    return {"engine": str(spec), "first_divergence": None if first is None else first.site,
+            "why": None if first is None else str(first), "failures": len(cmp.failures),
+            "drill": None if drill is None else {"site": drill.site, "why": drill.why}}

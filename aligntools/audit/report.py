@@ -42,11 +42,7 @@ def render(result: AuditResult) -> str:
             parts += ["<h2>Fingerprint: the precision choice that reproduces the engine</h2>",
                       _table(["candidate", "share of the numeric gap it explains"],
                              [[name, f"{share:.0%}"] for name, share in numeric.detail["fingerprint"]])]
-        replayed = numeric.detail.get("replay")
-        if replayed:
-            parts += [f"<p>Replayed through minirl <code>{html.escape(str(replayed['engine']))}</code>: first divergent "
-                      f"site <b>{html.escape(str(replayed['first_divergence']))}</b>"
-                      f"{' (' + html.escape(str(replayed['why'])) + ')' if replayed['why'] else ''}.</p>"]
+        parts += _replayed(numeric.detail)
     if result.routing is not None:
         r = result.routing
         parts += [f"<h2>Routing: {r['tokens_with_flip']:.1%} of tokens flip in at least one layer</h2>",
@@ -55,6 +51,23 @@ def render(result: AuditResult) -> str:
                          [["k-th minus (k+1)-th logit", r["flip_margin_median"], r["kept_margin_median"]]])]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>mlab audit</title><style>{STYLE}</style>"
             f"</head><body>{''.join(parts)}</body></html>\n")
+
+
+def _replayed(detail: dict) -> list[str]:
+    """The replay through minirl (or why minirl could not run it) and, after ``--drill``, the op it names."""
+    replayed, drilled = detail.get("replay"), detail.get("drill")
+    if not replayed:
+        return []
+    engine = f"<code>{html.escape(str(replayed['engine']))}</code>"
+    if "error" in replayed:
+        return [f"<p>minirl could not replay this model as {engine}: {html.escape(str(replayed['error']))}</p>"]
+    why = f" ({html.escape(str(replayed['why']))})" if replayed["why"] else ""
+    out = [f"<p>Replayed through minirl {engine}: first divergent site "
+           f"<b>{html.escape(str(replayed['first_divergence']))}</b>{why}.</p>"]
+    if drilled:
+        op = drilled["first_op"] or "no op jumps above its inputs' error"
+        out.append(f"<p>Drilled into <b>{html.escape(drilled['site'])}</b>: {html.escape(op)}</p>")
+    return out
 
 
 def write_report(result: AuditResult, path: str | Path) -> Path:

@@ -59,7 +59,7 @@ def audit(records: Iterable[Record] | str | os.PathLike, model: Model, old: Sequ
     if g > lim:
         found.append(Cause("numeric", g, g / g0, "mean |d logprob| nats",
                            "an engine numeric choice (dtype, kernel, reduction order): fingerprint it with "
-                           "aligntools.fingerprint / mlab check --infer, drill with --drill",
+                           "aligntools.fingerprint / mlab check --infer, drill with mlab audit --drill",
                            {**remainder(ctx.engine, state.logprobs(), ctx.position),
                             **precision.numeric_detail(ctx, state)}))
     causes = tuple(sorted(found, key=lambda c: -c.share))

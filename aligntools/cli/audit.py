@@ -1,4 +1,4 @@
-"""``mlab audit RECORDS... --model PATH [--old PATH...] [--json OUT] [--report OUT.html]``: name why a
+"""``mlab audit RECORDS... --model PATH [--old PATH...] [--json OUT] [--report OUT.html] [--drill]``: name why a
 run's engine logprobs differ from the trainer's.
 
 Exit codes (for CI): 0 = aligned within the noise floor, 1 = a cause was found (the verdict line
@@ -24,6 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="a checkpoint the engine may have served instead (cause stale_weights); repeatable")
     p.add_argument("--json", default=None, metavar="OUT", help="write {verdict, causes: [{name, estimate, share}]}")
     p.add_argument("--report", default=None, metavar="OUT.html", help="write a self-contained HTML report")
+    p.add_argument("--drill", action="store_true",
+                   help="for a numeric gap, drill into the site where minirl computing as the fingerprint first "
+                        "fails: every tensor op of its module, the first op whose error jumps and its knob")
     p.set_defaults(func=run)
     return p
 
@@ -31,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Audit and print the verdict; return 0 aligned, 1 misaligned (errors propagate to ``mlab``: exit 2)."""
     from aligntools.audit import audit
+    from aligntools.audit.drill import drill_numeric
     from aligntools.audit.report import write_report
     from aligntools.audit.run import records_of
     from aligntools.gates.inputs import validate_checkpoint
@@ -42,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} {out}: directory {Path(out).parent} does not exist; create it first")
     result = audit(records_of(args.records), args.model, old=args.old)
     print(result.summary())  # the verdict first: a failing write below does not lose it
+    if args.drill:
+        print(drill_numeric(result, args.model))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_json(), indent=1) + "\n")
     if args.report:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from aligntools.drilldown.windows import module_of
 
 if TYPE_CHECKING:
+    from aligntools.analyzer.comparison import Comparison
     from aligntools.gates.alignment import GateResult
     from aligntools.viz.report import Report
 
@@ -46,11 +47,16 @@ def drillable(site: str | None) -> bool:
 
 
 def target(gate: GateResult) -> Target | None:
+    """The site to drill for a gate (``target_in`` its comparison)."""
+    return target_in(gate.comparison)
+
+
+def target_in(comparison: Comparison) -> Target | None:
     """The site to drill: the first jumping site the drill opens; else the failing site it opens
     whose error grows most over its inputs'; None when no module it opens fails."""
-    g = gate.comparison.growth  # per site, execution order: error, limit, growth, jumps
+    g = comparison.growth  # per site, execution order: error, limit, growth, jumps
     opens = g[[drillable(s) for s in g.index]]
-    fd = gate.first_divergence
+    fd = comparison.first_divergence
     jumping = opens.index[opens["jumps"].astype(bool)]
     if len(jumping):
         site = jumping[0]

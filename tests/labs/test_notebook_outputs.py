@@ -17,6 +17,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
+from aligntools.audit.precision import KNOBS
+
 
 def tagged(nb: nbformat.NotebookNode, tag: str) -> list[dict]:
     """Outputs of the code cell tagged ``tag`` (exactly one such cell must exist)."""
@@ -445,7 +447,10 @@ def check_10(nb: nbformat.NotebookNode) -> None:
     assert "audit says **aligned**" in markdown(tagged(nb, "fixed-reading"))
     bf16 = tagged(nb, "bf16-audit")
     assert has_image(bf16) and "numeric" in text(bf16) and row(bf16, "bf16")[1] > row(bf16, "bf16")[2]
-    assert "causes `numeric`" in markdown(tagged(nb, "bf16-reading"))
+    md = markdown(tagged(nb, "bf16-reading"))
+    assert "causes `numeric`" in md
+    named = re.search(r"fingerprint names `([^`]+)` \((\d+)% of the gap", md)
+    assert named and named.group(1) in KNOBS and 0 < int(named.group(2)) <= 100, md
     out = tagged(nb, "growth")
     steps = [line.split()[0] for line in text(out).splitlines() if re.match(r"\d+\s+[-\d.]", line)]
     (g0, se0, *_), (g1, se1, grew, *parts) = row(out, steps[0]), row(out, steps[-1])

@@ -17,7 +17,9 @@ def test_registry_has_the_entries_with_paper_numbers():
     assert {"checklist", "decode_drift", "c3po", "c3po_reward", "roc"} <= set(reproduce.REGISTRY)
     for rep in reproduce.REGISTRY.values():
         assert rep.finding and rep.paper and callable(rep.run)
-        assert "§" in rep.paper or "Fig" in rep.paper, f"{rep.name}: cite the paper's section"
+        # where the paper says it, or, for a paper not in docs/ whose text was not at hand, that in words
+        assert "§" in rep.paper or "Fig" in rep.paper or "section not checked" in rep.paper, \
+            f"{rep.name}: cite the paper's section"
 
 
 def test_registering_a_name_twice_raises():

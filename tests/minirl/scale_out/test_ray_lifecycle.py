@@ -38,6 +38,9 @@ def cluster(example_dir, ray_cluster):  # in this order: the workers inherit PYT
     yield
 
 
+@pytest.mark.slow  # ~36 s alone, ~125 s inside `make test` (Ray's actors contend with the other worker); the
+# lifecycle is one class for every mode (minirl.training.lifecycle), checked per mode in `make test` for sync
+# and async, and ray mode's run, resume and numbers by the example task and the killed-actor test
 def test_ray_mode_is_a_first_class_run(zoo, tmp_path):
     check_lifecycle(str(zoo("tiny-qwen3")), tmp_path / "run", "ray")
 
