@@ -1,7 +1,7 @@
 """The planted-fault suite of ``aligntools.audit``: share of faults named right, false "aligned", time per audit.
 
     .venv/bin/python benchmarks/bench_audit.py [--families tiny-llama,tiny-qwen3,tiny-qwen3-moe,tiny-mixtral]
-        [--seeds 0,1] [--n 8] [--new 24] [--threads 1] [--size smollm2-135m:64x256]
+        [--seeds 0,1] [--n 8] [--new 24] [--threads 1] [--size smollm2-135m:64x256] [--engines vllm,sglang]
 
 Why: a cause named wrong sends a user to fix the wrong thing, and a false "aligned" hides a bug;
 both are counted over every fault of ``aligntools.audit.planted`` (clean records must audit
@@ -9,7 +9,10 @@ both are counted over every fault of ``aligntools.audit.planted`` (clean records
 among them. ``--size MODEL:NxT`` also times one audit of N samples x T new tokens of a bf16 engine
 on that zoo model (the issue's bound: <= 30 s for 64 x 256 on smollm2-135m), the trainer's forward
 alone beside it (the part no fit can save), and the peak RSS; its records are made once (a bf16
-``generate`` of 64 x 256 takes minutes) and kept under the zoo directory.
+``generate`` of 64 x 256 takes minutes) and kept under the zoo directory. ``--engines vllm,sglang`` adds the
+records real engines make (their CPU builds, in process) on the tiny MoE: the fp32 engine (clean), its
+logprobs shifted by one token (``token_shift``) and the bf16 engine (``numeric``), per seed; run one engine
+kind per process (vLLM and SGLang each set process-wide state).
 """
 
 from __future__ import annotations
@@ -56,14 +59,43 @@ def suite(families: list[str], seeds: list[int], n: int, new: int) -> list[dict]
                 planted = plant(model, fault, n=n, new=new, seed=seed)
                 start = time.perf_counter()
                 result = aligntools.audit(planted.records, model, old=planted.old)
-                seconds = time.perf_counter() - start
-                named = result.causes[0].name if result.causes else None
-                rows.append({"family": family, "fault": fault, "seed": seed, "expected": planted.cause,
-                             "named": named, "right": named == planted.cause, "seconds": seconds,
-                             "false_aligned": planted.cause is not None and result.verdict == "aligned"})
-                print(f"{family:16s} {fault:20s} seed {seed}: expected {planted.cause}, named {named} "
-                      f"({seconds:.2f} s)", flush=True)
+                rows.append(_row(family, fault, seed, planted.cause, result, time.perf_counter() - start))
     return rows
+
+
+ENGINE_MODEL = "tiny-qwen3-moe"
+ENGINE_FAULTS = {"clean": (None, "float32", False), "token_shift": ("token_shift", "float32", True),
+                 "bf16": ("numeric", "bfloat16", False)}
+"""Real-engine faults: name -> (cause expected first, engine dtype, logprobs shifted by one token)."""
+
+
+def engine_suite(kinds: list[str], seeds: list[int]) -> list[dict]:
+    """The suite's rows for records real engines made (``tests/real_engine_audit.py``'s records, as the
+    tests audit them), one per (engine, fault, seed)."""
+    import aligntools
+    from minirl import build_engine
+    from tests.real_engine_audit import engine_records
+
+    path, model = load(ENGINE_MODEL)
+    rows = []
+    for kind in kinds:
+        engines = {dtype: build_engine(f"{kind}:{dtype}", path, rollouts=True) for dtype in ("float32", "bfloat16")}
+        for fault, (expected, dtype, shift) in ENGINE_FAULTS.items():
+            for seed in seeds:
+                records = engine_records(engines[dtype], shift=shift, seed=seed)
+                start = time.perf_counter()
+                result = aligntools.audit(records, model)
+                rows.append(_row(f"{kind}:{ENGINE_MODEL}", fault, seed, expected, result, time.perf_counter() - start))
+    return rows
+
+
+def _row(family: str, fault: str, seed: int, expected: str | None, result, seconds: float) -> dict:  # noqa: ANN001
+    """One suite row: the cause named first against the one expected (None: "aligned" expected)."""
+    named = result.causes[0].name if result.causes else None
+    print(f"{family:24s} {fault:20s} seed {seed}: expected {expected}, named {named} ({seconds:.2f} s)", flush=True)
+    return {"family": family, "fault": fault, "seed": seed, "expected": expected, "named": named,
+            "right": named == expected, "seconds": seconds,
+            "false_aligned": expected is not None and result.verdict == "aligned"}
 
 
 def sized(spec: str) -> None:
@@ -107,12 +139,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="records per fault")
     parser.add_argument("--new", type=int, default=24, help="completion tokens per record")
     parser.add_argument("--size", default=None, help="MODEL:NxT, time one audit of that size (bf16 engine)")
+    parser.add_argument("--engines", default="", help="real engine kinds whose records join the suite (vllm, sglang)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the box is shared; --size: 0 = "
                         "torch's, one per core)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = suite([f for f in args.families.split(",") if f], [int(s) for s in args.seeds.split(",")], args.n, args.new)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    rows = suite([f for f in args.families.split(",") if f], seeds, args.n, args.new)
+    rows += engine_suite([k for k in args.engines.split(",") if k], seeds)
     if rows:
         summarize(rows, args)
     if args.size:
@@ -123,8 +158,8 @@ def summarize(rows: list[dict], args: argparse.Namespace) -> None:
     """The suite's numbers: share named right, false "aligned", seconds per audit, and every miss."""
     right = sum(r["right"] for r in rows)
     print(f"\nnamed right: {right} of {len(rows)} ({right / len(rows):.1%}); false aligned: "
-          f"{sum(r['false_aligned'] for r in rows)}; families: {args.families}; seeds: {args.seeds}; "
-          f"{args.n} records x {args.new} tokens")
+          f"{sum(r['false_aligned'] for r in rows)}; families: {args.families}; engines: {args.engines or 'none'}; "
+          f"seeds: {args.seeds}; planted: {args.n} records x {args.new} tokens; engines: 12 records x 16 tokens")
     print(f"seconds per audit: median {statistics.median(r['seconds'] for r in rows):.2f}, "
           f"max {max(r['seconds'] for r in rows):.2f}")
     for r in rows:

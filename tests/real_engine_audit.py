@@ -19,10 +19,11 @@ from minirl.training import rollout_records
 PROMPTS = [[5, 17, 42, 9], [7, 7, 300, 12], [44, 3, 18, 250]]
 
 
-def engine_records(engine, shift: bool = False) -> list[Record]:  # noqa: ANN001 - any RolloutEngine
+def engine_records(engine, shift: bool = False, seed: int = 0) -> list[Record]:  # noqa: ANN001 - any RolloutEngine
     """4 samples of 16 tokens per prompt at T = 1, as records; ``shift``: each logprob is the next
-    token's (the ``token_shift`` bug), from one more sampled token so every position has one."""
-    outs = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=17, temperature=1.0, seed=0))
+    token's (the ``token_shift`` bug), from one more sampled token so every position has one. Also the
+    real-engine rows of ``benchmarks/bench_audit.py --engines``."""
+    outs = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=17, temperature=1.0, seed=seed))
     entries = [rollout_records.record(_shifted(o) if shift else o, rollout_records.sampling(1.0), 0)
                for o in outs if len(o.token_ids) >= 3]
     return from_object(entries, f"{type(engine).__name__} rollouts")
