@@ -54,11 +54,15 @@ def _async_sft() -> Path:
 
 
 CHECKPOINTS: tuple[Checkpoint, ...] = (
-    Checkpoint("tiny-qwen3-moe", ("00", "01", "02", "03", "04", "11"), lambda: zoo.build("tiny-qwen3-moe", progress=False)),
-    Checkpoint("tiny-qwen3", ("05", "07", "09", "10"), lambda: zoo.build("tiny-qwen3", progress=False)),
-    # icepop_lab.train_arms / masked_share_sweep and 04 §4's monitor runs: TrainConfig's arithmetic defaults
-    Checkpoint("tiny-qwen3-moe + arithmetic SFT", ("04",),
+    Checkpoint("tiny-qwen3-moe", ("00", "01", "02", "03", "04", "11", "12"),
+               lambda: zoo.build("tiny-qwen3-moe", progress=False)),
+    Checkpoint("tiny-qwen3", ("05", "07", "09", "10", "12"), lambda: zoo.build("tiny-qwen3", progress=False)),
+    # icepop_lab.train_arms / masked_share_sweep and 04 §4's monitor runs: TrainConfig's arithmetic defaults;
+    # also on_policy_lab.policy("tiny-qwen3-moe") (notebook 12's lr0 section): the same cache entry
+    Checkpoint("tiny-qwen3-moe + arithmetic SFT", ("04", "12"),
                lambda: _sft("tiny-qwen3-moe", "arithmetic", {"digits": 1}, 100)),
+    # on_policy_lab.policy("tiny-qwen3"), notebook 12's on-policy section
+    Checkpoint("tiny-qwen3 + arithmetic SFT (12)", ("12",), lambda: _sft("tiny-qwen3", "arithmetic", {"digits": 1}, 100)),
     # c3po_lab.compare_training at notebook 05's default size (max_length=24, p=0.15)
     Checkpoint("tiny-qwen3 + longtail_sorting SFT (05)", ("05",),
                lambda: _sft("tiny-qwen3", "longtail_sorting", {"max_length": 24, "p": 0.15}, 150)),

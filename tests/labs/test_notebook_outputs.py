@@ -486,3 +486,33 @@ def check_11(nb: nbformat.NotebookNode) -> None:
 
 
 OUTPUT_CHECKS["11_inside_trl.ipynb"] = check_11
+
+
+def check_12(nb: nbformat.NotebookNode) -> None:
+    """Notebook 12 (the field's findings): each section plots; each reading names what its table shows (the
+    setting closest to 0 and whether any held the rule; flat / grows from the slope intervals; the layer
+    that flips most and the mean flip rate)."""
+    for tag in ("on-policy", "lr0", "r3"):
+        assert has_image(tagged(nb, tag)), tag
+    settings = ("hf_exact_bf16_sdpa", "hf_exact_bf16_eager", "hf_exact_fp32_eager", "typical_bf16")
+    out = tagged(nb, "on-policy")
+    shown = {s: row(out, s) for s in settings if f"\n{s} " in "\n" + text(out)}  # zero_steps, steps, max, mean, ...
+    md = markdown(tagged(nb, "on-policy-reading"))
+    assert f"The closest is `{min(shown, key=lambda s: shown[s][2])}`" in md, md
+    assert ("No setting holds the rule" in md) == all(v[0] < v[1] for v in shown.values()), md
+    slopes, md = tagged(nb, "lr0"), markdown(tagged(nb, "lr0-reading"))
+    (_, low0, high0), (_, low1, _) = row(slopes, "lr0"), row(slopes, "normal")
+    assert ("**flat**" in md) == (low0 <= 0 <= high0) and ("**grows**" in md) == (low1 > 0), md
+    flips = tagged(nb, "r3")
+    rates = {int(line.split()[0]): float(line.split()[1]) for line in text(flips).splitlines()
+             if re.match(r"\d+\s+[\d.]+$", line.strip())}
+    md = markdown(tagged(nb, "r3-reading"))
+    top = max(rates, key=rates.get)
+    assert f"highest at layer {top} ({rates[top]:.1%})" in md, md
+    said = float(re.search(r"the layers flip at ([\d.]+)% on average", md).group(1)) / 100
+    assert abs(said - statistics.mean(rates.values())) <= 5e-4 + 1e-6, (said, rates)
+    check_closing(nb, "conclusion")
+    check_quiet(nb)
+
+
+OUTPUT_CHECKS["12_field_findings.ipynb"] = check_12
