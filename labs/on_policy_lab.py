@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,31 +104,43 @@ def config(model: str, setting: Setting, sizes: Sizes, **changes: object):  # no
 
 
 def arm(cfg, cache: Path, split_seed: int, prepare: Callable | None = None) -> xr.Dataset:  # noqa: ANN001 - a TrainConfig
-    """One seed's run of ``cfg`` -> its ``KEEP`` columns by step, read from ``cache`` when an
-    earlier run of the same recipe (``cfg`` and ``prepare``) wrote it (resumable entries), else
-    trained and written there. ``prepare(trainer)`` runs on the built ``Trainer`` before its first
-    step (``labs.lr0_lab`` sets the lr to 0 there); ``split_seed``: the train / held-out split every seed
+    """One seed's run of ``cfg`` -> its ``KEEP`` columns by step (``cached`` at ``cache`` under the recipe
+    ``cfg`` and ``prepare``). ``prepare(trainer)`` runs on the built ``Trainer`` before its first step
+    (``labs.lr0_lab`` sets the lr to 0 there); ``split_seed``: the train / held-out split every seed
     shares (``labs.reproduce.SPLIT_SEED``)."""
+    recipe = json.dumps({**cfg.to_dict(), "out_dir": None, "prepare": getattr(prepare, "__name__", None)},
+                        sort_keys=True)
+    return cached(cache, recipe, lambda: _train(cfg, split_seed, prepare))
+
+
+def _train(cfg, split_seed: int, prepare: Callable | None) -> xr.Dataset:  # noqa: ANN001 - a TrainConfig
     from minirl import tasks
     from minirl.training import run_log
     from minirl.training.trainer import Trainer
 
-    recipe = json.dumps({**cfg.to_dict(), "out_dir": None, "prepare": getattr(prepare, "__name__", None)},
-                        sort_keys=True)
-    if cache.is_file():
-        ds = xr.load_dataset(cache, engine="h5netcdf")
-        if ds.attrs.get("recipe") == recipe:  # an arm of other sizes or settings is trained again, not reused
-            return ds
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(dataclasses.replace(cfg, out_dir=out))
         trainer.train_set = tasks.splits(trainer.task, cfg.n_train, cfg.n_eval, split_seed)[0]  # every seed, one set
         if prepare is not None:
             prepare(trainer)
         log = run_log.to_dataset(trainer.run().rows).swap_dims(row="step")
-    ds = log[[k for k in KEEP if k in log]].drop_vars([c for c in log.coords if c != "step"])
-    ds.attrs = {"recipe": recipe}
+    return log[[k for k in KEEP if k in log]].drop_vars([c for c in log.coords if c != "step"])
+
+
+def cached(cache: Path, recipe: str, compute: Callable[[], xr.Dataset]) -> xr.Dataset:
+    """The arm at ``cache`` when an earlier run of the same ``recipe`` wrote it (resumable entries), else
+    ``compute()``, written there whole: an arm of other sizes or settings is measured again, not reused,
+    and a kill mid-write leaves no half file (a sibling temporary renamed over ``cache``)."""
+    if cache.is_file():
+        ds = xr.load_dataset(cache, engine="h5netcdf")
+        if ds.attrs.get("recipe") == recipe:
+            return ds
+    ds = compute()
+    ds.attrs = {**ds.attrs, "recipe": recipe}
     cache.parent.mkdir(parents=True, exist_ok=True)
-    ds.to_netcdf(cache, engine="h5netcdf")
+    tmp = cache.with_name(f".{cache.name}.tmp")
+    ds.to_netcdf(tmp, engine="h5netcdf")
+    os.replace(tmp, cache)
     return ds
 
 

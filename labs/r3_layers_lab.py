@@ -18,6 +18,9 @@ Each (trainer dtype, seed) is an arm cached as ``<arms>/<dtype>_seed<s>.nc``: a 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,25 +84,25 @@ def measure_seed(engine, hf: torch.nn.Module, sizes: Sizes, seed: int) -> xr.Dat
 
 
 def measure(sizes: Sizes, arms_dir: Path) -> xr.Dataset:
-    """Every (trainer dtype, seed) arm, cached per arm -> dims (trainer_dtype, seed, layer / replay)."""
+    """Every (trainer dtype, seed) arm, ``on_policy_lab.cached`` per arm under its recipe (the sizes, the
+    dtype, the seed) -> dims (trainer_dtype, seed, layer / replay). The engine and each trainer load only
+    when an arm is measured."""
     import transformers
 
     from labs import zoo
+    from labs.on_policy_lab import cached
     from minirl import Engine, Knobs
 
     path = zoo.build(sizes.model)
-    engine = None
+    engine = functools.cache(lambda: Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.typical_inference()))
+    shared = {k: v for k, v in dataclasses.asdict(sizes).items() if k not in ("seeds", "trainer_dtypes")}
     per_dtype = []
     for dtype in sizes.trainer_dtypes:
-        hf, arms = None, []
-        for seed in sizes.seeds:
-            cache = arms_dir / f"{dtype}_seed{seed}.nc"
-            if not cache.is_file():
-                engine = engine or Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.typical_inference())
-                hf = hf or transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                measure_seed(engine, hf, sizes, seed).to_netcdf(cache, engine="h5netcdf")
-            arms.append(xr.load_dataset(cache, engine="h5netcdf"))
+        hf = functools.cache(lambda dtype=dtype: transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype)).eval())
+        arms = [cached(arms_dir / f"{dtype}_seed{seed}.nc",
+                       json.dumps({**shared, "trainer_dtype": dtype, "seed": seed}, sort_keys=True),
+                       lambda seed=seed: measure_seed(engine(), hf(), sizes, seed)) for seed in sizes.seeds]
         per_dtype.append(xr.concat(arms, pd.Index(sizes.seeds, name="seed")))
     return xr.concat(per_dtype, pd.Index(list(sizes.trainer_dtypes), name="trainer_dtype"))
 

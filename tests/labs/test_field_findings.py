@@ -127,3 +127,20 @@ def test_small_entry_runs_and_states_its_verdict(tmp_path, name):
         assert summary["bands"]["abs_dlogp_mean lr0"]["seeds"] == [0, 1]
         assert nums["flat_lr0"] in (0.0, 1.0) and nums["grows_normal"] in (0.0, 1.0)
     assert (tmp_path / name / f"{name}.png").exists()
+
+
+def test_an_arm_is_reused_only_under_its_own_recipe_and_written_whole(tmp_path):
+    """``on_policy_lab.cached`` (every entry's arms): same recipe read back, another recipe measured again
+    (a full-size entry whose sizes changed must not read the old arms), no temporary left beside it."""
+    calls = []
+
+    def compute() -> xr.Dataset:
+        calls.append(1)
+        return xr.Dataset({"x": ("step", [float(len(calls))])})
+
+    cache = tmp_path / "arms" / "a_seed0.nc"
+    assert float(on_policy_lab.cached(cache, "r1", compute)["x"][0]) == 1.0
+    assert float(on_policy_lab.cached(cache, "r1", compute)["x"][0]) == 1.0 and len(calls) == 1
+    assert float(on_policy_lab.cached(cache, "r2", compute)["x"][0]) == 2.0 and len(calls) == 2
+    assert xr.load_dataset(cache, engine="h5netcdf").attrs["recipe"] == "r2"
+    assert [p.name for p in cache.parent.iterdir()] == ["a_seed0.nc"]
