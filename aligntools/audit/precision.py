@@ -192,9 +192,18 @@ def _to(x: object, dtype: torch.dtype) -> object:
 
 def in_dtype(modules: Iterable[nn.Module | None], dtype: torch.dtype) -> None:
     """Run each module in ``dtype`` (weights and inputs cast, outputs back to float32), in place: an engine
-    that computes that part in ``dtype`` and hands float32 on."""
+    that computes that part in ``dtype`` and hands float32 on. Each module gets cast copies of its own
+    parameters, not ``m.to(dtype)``: that casts a tied parameter where it is shared too (smollm2's and
+    Gemma 3's lm_head is the embedding table, which would then be rounded and, on Gemma 3, feed bf16
+    into fp32 layers)."""
     for m in (m for m in modules if m is not None):
-        m.to(dtype)
+        for sub in m.modules():
+            for name, p in list(sub.named_parameters(recurse=False)):
+                if p.is_floating_point():
+                    setattr(sub, name, nn.Parameter(p.detach().to(dtype), requires_grad=False))
+            for name, b in list(sub.named_buffers(recurse=False)):
+                if b.is_floating_point():
+                    sub.register_buffer(name, b.to(dtype), persistent=name not in sub._non_persistent_buffers_set)
         m.register_forward_pre_hook(lambda _, args, kwargs: (_to(args, dtype), _to(kwargs, dtype)), with_kwargs=True)
         m.register_forward_hook(lambda _, args, out: _to(out, torch.float32))
 

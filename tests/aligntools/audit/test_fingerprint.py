@@ -91,3 +91,30 @@ def test_the_verdict_names_the_fingerprint_of_a_numeric_gap(llama_model):
     assert f"fingerprint: {name} explains {share:.0%} of this gap" in result.summary()
     assert name == "bf16 lm_head" and numeric.detail["replay"]["first_divergence"] == "logits"
     assert "replayed through minirl as bf16 lm_head, the first divergent site is logits" in result.summary()
+
+
+def test_every_candidate_runs_on_a_tied_gemma3_and_casts_only_its_part(zoo_root, zoo):
+    """smollm2 and Gemma 3 tie lm_head to the embedding table: ``bf16 lm_head`` must round the head only
+    (it rounded the table too, and on Gemma 3, whose norms return their input's dtype, fed bf16 into fp32
+    layers: ``mlab audit`` crashed on gemma3-270m's records)."""
+    import copy
+
+    import transformers
+
+    from aligntools.audit.precision import KNOBS
+    from tests.families import tiny
+
+    path = tiny.build("gemma3_text", zoo_root / "families" / "gemma3_text", tokenizer_from=zoo("tiny-qwen3"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # tied, as the real checkpoint
+    ids = torch.tensor([[2, 17, 42, 99, 7]])
+    for name, apply in KNOBS.items():
+        engine = copy.deepcopy(model)
+        apply(engine)
+        with torch.inference_mode():
+            assert torch.isfinite(engine(input_ids=ids).logits).all(), name
+    head = copy.deepcopy(model)
+    KNOBS["bf16 lm_head"](head)
+    assert head.lm_head.weight.dtype == torch.bfloat16
+    table = head.get_input_embeddings().weight
+    assert table.dtype == torch.float32 and torch.equal(table, model.get_input_embeddings().weight)
