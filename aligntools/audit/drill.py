@@ -31,8 +31,8 @@ def drill_numeric(result: AuditResult, model: str | os.PathLike) -> str:
                 "drill-down: no numeric remainder to drill; the causes named above explain the gap")
     replayed = numeric.detail.get("replay")
     if not replayed:
-        return ("drill-down: no precision choice minirl computes (fingerprint) explains any of the numeric gap, so "
-                "there is no engine to drill with; mlab check --drill drills a spec you give")
+        return ("drill-down: no precision choice minirl computes reproduces the numeric gap or matches its size "
+                "(fingerprint), so there is no engine to drill with; mlab check --drill drills a spec you give")
     if "error" in replayed:
         return f"drill-down: minirl cannot run this model ({replayed['error']}), so it cannot drill it"
     target = replayed.get("drill")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from aligntools.audit.by_size import REPRODUCES, by_size
 from aligntools.audit.registry import ACCEPT, Fit, register_cause
 from aligntools.audit.state import Context, State, gap
 from aligntools.records import Record, read
@@ -57,6 +58,12 @@ layer can do better, and the per-layer screen (one forward per layer) is skipped
 FINGERPRINT_TOKENS = 256
 """Tokens the fingerprint re-scores per candidate (the first records holding them): a precision choice is
 systematic, a few hundred tokens rank the candidates (8 candidates: 8 re-scores of them)."""
+
+
+REPLAY_TOKENS = 64
+"""Completion tokens of the first record the replay captures on both sides: where two numerics first part
+is a property of the sites, seen on the first tokens as on all (a 264-token capture pair of smollm2-135m
+took 9 s of a 143 s audit; docs/measurements/2026-12-07-audit-speed.md)."""
 
 
 def layer_groups(model: nn.Module) -> dict[str, list[str]]:
@@ -115,25 +122,51 @@ def _screen_context(ctx: Context) -> Context:
     return Context.of([cut], ctx.model, ctx.vocab)
 
 
-def _screened(sub: Context, state: State, weights: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The modelled logprobs [n] of the screening records ``sub`` (``_screen_context``) with ``weights`` (by
-    name) substituted in the trainer and ``state``'s processors and shift, all records in one right-padded
-    forward without a copy of the model: a screen, within float32 noise of ``score``'s one record at a time,
-    which the winner is re-scored with."""
-    seqs = [list(r.prompt_ids) + list(r.completion_ids)[:-1] for r in sub.records]
-    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)  # [B, L]
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), 1
-    start = min(len(r.prompt_ids) for r in sub.records) - 1  # lm_head only from the first completion row on
-    kwargs = {"input_ids": ids, "attention_mask": mask, "logits_to_keep": ids.shape[1] - start}
-    with torch.inference_mode():
-        out = torch.func.functional_call(sub.model, weights, (), kwargs).logits
-    # out: [B, L - start, V]; row t - start of record i predicts its token t + 1
-    logits = torch.cat([out[i, len(r.prompt_ids) - 1 - start:len(s) - start]
-                        for i, (r, s) in enumerate(zip(sub.records, seqs))])
-    # the state's processors and shift on the screened rows (a prefix: the same row indices)
-    return dataclasses.replace(state, logits=logits, tokens=sub.tokens, owner=sub.owner).logprobs()
+class _Screen:
+    """The modelled logprobs [n] of the screening records ``sub`` (``_screen_context``) with weights (by name)
+    substituted in the trainer, under ``state``'s processors and shift: all records in one right-padded forward
+    without a copy of the model, within float32 noise of ``score``'s one record at a time, which the winner is
+    re-scored with. The trainer's own forward runs first and keeps each decoder layer's output; a candidate
+    that changes layer i onward (``from_layer``) then runs only from there, the layers before returning
+    their kept outputs (the same bits: the same layers on the same inputs), so the per-layer screens cost
+    half a forward each on average."""
+
+    def __init__(self, sub: Context, state: State) -> None:
+        from aligntools.adapters.roles import find_roles
+
+        self.sub, self.state = sub, state
+        seqs = [list(r.prompt_ids) + list(r.completion_ids)[:-1] for r in sub.records]
+        self.ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)  # [B, L]
+        self.mask = torch.zeros_like(self.ids)
+        for i, s in enumerate(seqs):
+            self.ids[i, :len(s)], self.mask[i, :len(s)] = torch.tensor(s), 1
+        self.start = min(len(r.prompt_ids) for r in sub.records) - 1  # lm_head only from the first completion row on
+        self.rows = [slice(len(r.prompt_ids) - 1 - self.start, len(s) - self.start) for r, s in zip(sub.records, seqs)]
+        roles = find_roles(sub.model, getattr(sub.model, "config", None))
+        self.layers = [lr.layer for lr in roles.layers] if roles else []
+        self.kept: list[object] = []
+        hooks = [layer.register_forward_hook(lambda _, __, out: self.kept.append(out)) for layer in self.layers]
+        try:
+            self.trainer = self({})  # [n]
+        finally:
+            for h in hooks:
+                h.remove()
+
+    def __call__(self, weights: dict[str, torch.Tensor], from_layer: int = 0) -> torch.Tensor:
+        kwargs = {"input_ids": self.ids, "attention_mask": self.mask, "logits_to_keep": self.ids.shape[1] - self.start}
+        skipped = self.layers[:from_layer] if len(self.kept) == len(self.layers) else []
+        for layer, out in zip(skipped, self.kept):
+            layer.forward = lambda *_, _out=out, **__: _out
+        try:
+            with torch.inference_mode():
+                out = torch.func.functional_call(self.sub.model, weights, (), kwargs).logits
+        finally:
+            for layer in skipped:
+                del layer.forward
+        # out: [B, L - start, V]; row t - start of record i predicts its token t + 1
+        logits = torch.cat([out[i, rows] for i, rows in enumerate(self.rows)])
+        # the state's processors and shift on the screened rows (a prefix: the same row indices)
+        return dataclasses.replace(self.state, logits=logits, tokens=self.sub.tokens, owner=self.sub.owner).logprobs()
 
 
 @register_cause("quantized_layers")
@@ -144,18 +177,20 @@ def quantized_layers(ctx: Context, state: State) -> Fit | None:
     if not groups:
         return None
     sub = _screen_context(ctx)
-    trainer = _screened(sub, state, {})  # [n]
+    screened = _Screen(sub, state)
+    trainer = screened.trainer  # [n]
     g = float((sub.engine - trainer).abs().mean())
     tried: dict[tuple[str, str], float] = {}
 
     def screen(fmt: str, among: list[str], rounded: dict[str, torch.Tensor]) -> None:
         for group in among:
-            lp = _screened(sub, state, {n: rounded[n] for n in groups[group] if n in rounded})
+            first = int(group.removeprefix("layer ")) if group.startswith("layer ") else 0
+            lp = screened({n: rounded[n] for n in groups[group] if n in rounded}, from_layer=first)
             tried[fmt, group] = float((sub.engine - lp).abs().mean())
 
     for fmt in SCHEMES:
         rounded = quantized(ctx.model, groups["all"], fmt)  # each matrix once
-        lp = _screened(sub, state, rounded)  # [n]
+        lp = screened(rounded)  # [n]
         if float((lp - trainer).abs().mean()) * REACH_MARGIN >= (1 - ACCEPT) * g:
             tried[fmt, "all"] = float((sub.engine - lp).abs().mean())
             screen(fmt, [c for c in COARSE if c in groups and c != "all"], rounded)
@@ -163,7 +198,8 @@ def quantized_layers(ctx: Context, state: State) -> Fit | None:
         return None
     fmt, group = min(tried, key=tried.__getitem__)
     if tried[fmt, group] > EXACT * g:  # no layer group reproduces the engine: one layer alone?
-        screen(fmt, [c for c in groups if c not in COARSE], quantized(ctx.model, groups["all"], fmt))
+        layers = [c for c in groups if c not in COARSE]
+        screen(fmt, layers, quantized(ctx.model, {n: None for c in layers for n in groups[c]}, fmt))
         fmt, group = min(tried, key=tried.__getitem__)
     names, key = groups[group], f"quantized:{fmt}:{group}"
 
@@ -250,16 +286,25 @@ def _rescored(ctx: Context, model: nn.Module) -> torch.Tensor:
     return score(model, [r.prompt_ids for r in ctx.records], [r.completion_ids for r in ctx.records]).logits
 
 
-def shares(ctx: Context, state: State) -> list[tuple[str, float]]:
-    """(candidate, share of the gap of ``state`` it removes, clipped at 0), best first; each candidate is
-    one re-score of ``ctx``'s records, with the processors and shift of ``state`` kept."""
-    g0 = gap(ctx, state)
-    out = []
+def moved(ctx: Context, state: State) -> dict[str, torch.Tensor]:
+    """Per candidate of ``KNOBS``: how far it moves each recorded token's modelled logprob, [N] float64
+    (candidate minus ``state``), one re-score of ``ctx``'s records with ``state``'s processors and shift kept."""
+    base = state.logprobs()
+    out = {}
     for name, apply in KNOBS.items():
         engine = copy.deepcopy(ctx.model)
         apply(engine)
-        g = gap(ctx, state.with_logits(_rescored(ctx, engine)))
-        out.append((name, max(0.0, 1 - g / g0) if g0 > 0 else 0.0))
+        out[name] = state.with_logits(_rescored(ctx, engine)).logprobs() - base
+    return out
+
+
+def shares(ctx: Context, state: State, deltas: dict[str, torch.Tensor] | None = None) -> list[tuple[str, float]]:
+    """(candidate, share of the gap of ``state`` it removes token by token, clipped at 0; 0 where it
+    overflows), best first; ``deltas``: ``moved(ctx, state)`` when already computed."""
+    deltas = moved(ctx, state) if deltas is None else deltas
+    base, g0 = state.logprobs(), gap(ctx, state)
+    out = [(name, max(0.0, 1 - float((ctx.engine - base - d).abs().mean()) / g0) if g0 > 0 else 0.0)
+           for name, d in deltas.items()]
     return sorted(out, key=lambda x: -x[1])
 
 
@@ -276,15 +321,19 @@ def fingerprint(records: Iterable[Record] | str | os.PathLike, model: str | os.P
 
 
 def numeric_detail(ctx: Context, state: State) -> dict:
-    """What the audit adds to ``numeric``'s ``detail`` (``state``: the causes found, applied): ``fingerprint``,
-    the ``shares`` on the first records holding ``FINGERPRINT_TOKENS`` with ``state``'s processors and shift,
-    and ``replay``, the first record through the minirl engine of the best candidate (``replay``; None when
-    no candidate removes any of the gap)."""
+    """What the audit adds to ``numeric``'s ``detail`` (``state``: the causes found, applied), on the first
+    records holding ``FINGERPRINT_TOKENS``: ``fingerprint``, the ``shares`` with ``state``'s processors and
+    shift; ``by_size`` (``aligntools.audit.by_size``), each candidate's own gap beside the recorded one; and
+    ``replay``, the first record through the minirl engine of the candidate that reproduces the engine
+    (share >= ``REPRODUCES``), else of the closest in size that minirl computes (None when neither)."""
     sub, _ = ctx.head(FINGERPRINT_TOKENS)
-    found = shares(sub, dataclasses.replace(state, logits=_rescored(sub, ctx.model), tokens=sub.tokens,
-                                            owner=sub.owner))
-    best, share = found[0]
-    return {"fingerprint": found, "replay": replay(ctx.records[0], ctx.model, best) if share > 0 else None}
+    st = dataclasses.replace(state, logits=_rescored(sub, ctx.model), tokens=sub.tokens, owner=sub.owner)
+    deltas = moved(sub, st)
+    found = shares(sub, st, deltas)
+    sized = by_size(sub.engine - st.logprobs(), deltas, sub.owner, sub.position)
+    best = found[0][0] if found[0][1] >= REPRODUCES else next(
+        (c["candidate"] for c in sized["candidates"] if c["reading"] == "consistent" and c["candidate"] in ENGINES), None)
+    return {"fingerprint": found, "by_size": sized, "replay": replay(ctx.records[0], ctx.model, best) if best else None}
 
 
 ENGINES: dict[str, tuple[str, dict]] = {
@@ -307,8 +356,8 @@ def trainer_limits() -> Tolerance:
 
 
 def replay(record: Record, model: nn.Module, candidate: str) -> dict | None:
-    """Replay ``record``'s tokens through the trainer and through the minirl engine computing as
-    ``candidate``, site by site (``aligntools.capture``, ``compare`` with every site held to float32's
+    """Replay ``record``'s prompt and first ``REPLAY_TOKENS`` through the trainer and through the minirl
+    engine computing as ``candidate``, site by site (``aligntools.capture``, ``compare`` with every site held to float32's
     limits, the trainer's): where that engine's numerics part from the trainer's. ``engine`` is its spec as
     ``mlab check --infer`` and ``aligntools.drill`` take it; ``drill``, the site ``mlab audit --drill``
     opens (``drilldown.gate.target_in``: the first divergence is often a norm or the logits, which hold no
@@ -326,10 +375,10 @@ def replay(record: Record, model: nn.Module, candidate: str) -> dict | None:
     try:
         engine = Engine(model.config.to_dict(), model.state_dict(), dtype=dtype, knobs=spec.knobs())
     except ValueError as e:
-        return {"engine": str(spec), "error": str(e)}
-    ids = torch.tensor([[*record.prompt_ids, *record.completion_ids[:-1]]])  # [1, S]
+        return {"candidate": candidate, "engine": str(spec), "error": str(e)}
+    ids = torch.tensor([[*record.prompt_ids, *record.completion_ids[:REPLAY_TOKENS - 1]]])  # [1, S]
     cmp = compare(capture(model, ids), capture(engine, ids), labels=("trainer", "engine"), tolerance=trainer_limits())
     first, drill = cmp.first_divergence, target_in(cmp)
-    return {"engine": str(spec), "first_divergence": None if first is None else first.site,
+    return {"candidate": candidate, "engine": str(spec), "first_divergence": None if first is None else first.site,
             "why": None if first is None else str(first), "failures": len(cmp.failures),
             "drill": None if drill is None else {"site": drill.site, "why": drill.why}}

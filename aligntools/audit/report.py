@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from aligntools.audit.by_size import sentence
 from aligntools.audit.result import AuditResult
 
 STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
@@ -39,9 +40,17 @@ def render(result: AuditResult) -> str:
                   _table(["tokens by", "count", "mean |d logprob|"],
                          [[k, v["tokens"], v["mean_abs"]] for k, v in buckets.items()])]
         if numeric.detail.get("fingerprint"):
-            parts += ["<h2>Fingerprint: the precision choice that reproduces the engine</h2>",
-                      _table(["candidate", "share of the numeric gap it explains"],
+            parts += ["<h2>Fingerprint: the precision choice that reproduces the engine, token by token</h2>",
+                      _table(["candidate", "share of the numeric gap it removes"],
                              [[name, f"{share:.0%}"] for name, share in numeric.detail["fingerprint"]])]
+        sized = numeric.detail.get("by_size")
+        if sized:
+            parts += [f"<h2>Fingerprint by size: each candidate's own gap beside the recorded "
+                      f"{sized['recorded']:.3g} nats</h2>",
+                      f"<p>{html.escape(sentence(sized))}. Interval: 95 %, bootstrap over {sized['unit']}.</p>",
+                      _table(["candidate", "its gap (nats)", "recorded / its gap", "95 % interval", "reading"],
+                             [[c["candidate"], c["gap"], c["ratio"], f"[{c['low']:.2f}, {c['high']:.2f}]",
+                               c["reading"]] for c in sized["candidates"]])]
         parts += _replayed(numeric.detail)
     if result.routing is not None:
         r = result.routing

@@ -58,15 +58,22 @@ class AuditResult:
 
 
 def _fingerprint(detail: dict) -> str:
-    """``numeric``'s fingerprint and replay as one clause ("" when none explains any of the gap)."""
-    ranked = [(name, share) for name, share in detail.get("fingerprint") or [] if share > 0]
-    if not ranked:
-        return ""
-    name, share = ranked[0]
+    """``numeric``'s fingerprint and replay as one clause: the candidate that reproduces the engine token by
+    token, else the by-size reading ("" when neither ran)."""
+    from aligntools.audit.by_size import REPRODUCES, sentence
+
+    ranked, sized = detail.get("fingerprint") or [], detail.get("by_size")
     replayed = detail.get("replay") or {}
-    site = (f"; replayed through minirl as {name}, the first divergent site is {replayed['first_divergence']}"
-            if replayed.get("first_divergence") else "")
-    return f"\n    fingerprint: {name} explains {share:.0%} of this gap{site}"
+    site = (f"; replayed through minirl as {replayed['candidate']}, the first divergent site is "
+            f"{replayed['first_divergence']}" if replayed.get("first_divergence") else "")
+    if ranked and ranked[0][1] >= REPRODUCES:
+        name, share = ranked[0]
+        return f"\n    fingerprint: {name} explains {share:.0%} of this gap{site}"
+    if sized is None:
+        return ""
+    name, share = ranked[0] if ranked else ("none", 0.0)
+    return (f"\n    fingerprint: no precision choice reproduces these logprobs token by token (the closest, {name}, "
+            f"removes {share:.0%}); {sentence(sized)}{site}")
 
 
 def _fmt(value: float | int | str) -> str:

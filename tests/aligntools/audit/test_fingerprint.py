@@ -118,3 +118,25 @@ def test_every_candidate_runs_on_a_tied_gemma3_and_casts_only_its_part(zoo_root,
     assert head.lm_head.weight.dtype == torch.bfloat16
     table = head.get_input_embeddings().weight
     assert table.dtype == torch.float32 and torch.equal(table, model.get_input_embeddings().weight)
+
+
+@pytest.mark.parametrize("model", ["llama_model", "moe_model"])
+def test_a_per_layer_screen_from_its_layer_has_the_bits_of_a_whole_forward(model, request):
+    """The per-layer screens skip the layers before the one they change (those return the trainer's kept
+    outputs): the screened logprobs must be the whole forward's, bit for bit, or the screen ranks other
+    numbers than it claims."""
+    from aligntools.audit.precision import _Screen
+
+    m = request.getfixturevalue(model)
+    records = plant(m, "clean", n=3, new=8).records
+    ctx = Context.of(records, m, m.config.vocab_size)
+    screen = _Screen(ctx, State(score(m, [r.prompt_ids for r in records],
+                                      [r.completion_ids for r in records]).logits, ctx.tokens, ctx.owner))
+    groups = layer_groups(m)
+    last = m.config.num_hidden_layers - 1
+    weights = quantized(m, groups[f"layer {last}"], "int8")
+    skipped, whole = screen(weights, from_layer=last), screen(weights)
+    assert torch.equal(skipped, whole)
+    assert not torch.equal(whole, screen.trainer)  # the candidate did change the last layer
+    assert torch.equal(screen({}, from_layer=last), screen.trainer)
+    assert not any("forward" in vars(layer) for layer in screen.layers)  # the layers' own forwards are back
