@@ -286,12 +286,14 @@ def _rescored(ctx: Context, model: nn.Module) -> torch.Tensor:
     return score(model, [r.prompt_ids for r in ctx.records], [r.completion_ids for r in ctx.records]).logits
 
 
-def moved(ctx: Context, state: State) -> dict[str, torch.Tensor]:
+def moved(ctx: Context, state: State, progress: bool = False) -> dict[str, torch.Tensor]:
     """Per candidate of ``KNOBS``: how far it moves each recorded token's modelled logprob, [N] float64
     (candidate minus ``state``), one re-score of ``ctx``'s records with ``state``'s processors and shift kept."""
+    from tqdm.auto import tqdm
+
     base = state.logprobs()
     out = {}
-    for name, apply in KNOBS.items():
+    for name, apply in tqdm(KNOBS.items(), desc="fingerprint", unit="candidate", disable=not progress):
         engine = copy.deepcopy(ctx.model)
         apply(engine)
         out[name] = state.with_logits(_rescored(ctx, engine)).logprobs() - base
@@ -320,7 +322,7 @@ def fingerprint(records: Iterable[Record] | str | os.PathLike, model: str | os.P
     return shares(ctx, State(_rescored(ctx, trainer), ctx.tokens, ctx.owner))
 
 
-def numeric_detail(ctx: Context, state: State) -> dict:
+def numeric_detail(ctx: Context, state: State, progress: bool = False) -> dict:
     """What the audit adds to ``numeric``'s ``detail`` (``state``: the causes found, applied), on the first
     records holding ``FINGERPRINT_TOKENS``: ``fingerprint``, the ``shares`` with ``state``'s processors and
     shift; ``by_size`` (``aligntools.audit.by_size``), each candidate's own gap beside the recorded one; and
@@ -328,7 +330,7 @@ def numeric_detail(ctx: Context, state: State) -> dict:
     (share >= ``REPRODUCES``), else of the closest in size that minirl computes (None when neither)."""
     sub, _ = ctx.head(FINGERPRINT_TOKENS)
     st = dataclasses.replace(state, logits=_rescored(sub, ctx.model), tokens=sub.tokens, owner=sub.owner)
-    deltas = moved(sub, st)
+    deltas = moved(sub, st, progress)
     found = shares(sub, st, deltas)
     sized = by_size(sub.engine - st.logprobs(), deltas, sub.owner, sub.position)
     best = found[0][0] if found[0][1] >= REPRODUCES else next(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from aligntools.audit import inputs, precision, routing, sampling  # noqa: F401 - registers the causes, in the order tested
 from aligntools.audit.numeric import FLOOR_RECORDS, FLOOR_TOKENS, limit, remainder
@@ -33,23 +34,25 @@ BACKFIT_PASSES = 3
 """Coordinate-descent passes over the causes found; two causes (T and top-p) settle in two or three."""
 
 
-def audit(records: Iterable[Record] | str | os.PathLike, model: Model, old: Sequence[Model] = ()) -> AuditResult:
+def audit(records: Iterable[Record] | str | os.PathLike, model: Model, old: Sequence[Model] = (),
+          progress: bool = False) -> AuditResult:
     """Score ``records`` with ``model`` (HF checkpoint directory or module, in fp32) and name why the
     engine's logprobs differ: ``.verdict`` ("aligned" | "misaligned") and ``.causes`` by share.
-    ``old``: candidate checkpoints the engine may have served (cause ``stale_weights``)."""
+    ``old``: candidate checkpoints the engine may have served (cause ``stale_weights``). ``progress``:
+    bars on stderr for the long parts (the trainer's forward, each round of causes, the fingerprint)."""
     recs = read(records) if isinstance(records, (str, os.PathLike)) else list(records)
     if not recs or not all(isinstance(r, Record) for r in recs):
         raise RecordError("audit: give a records file or a non-empty list of aligntools.records.Record")
     trainer = load_model(model)
     _check_vocab(recs, trainer)
-    scores = score(trainer, [r.prompt_ids for r in recs], [r.completion_ids for r in recs])
+    scores = score(trainer, [r.prompt_ids for r in recs], [r.completion_ids for r in recs], progress=progress)
     ctx = Context.of(recs, trainer, scores.rows.shape[1], tuple(old))
     ctx.routing, ctx.margins = scores.routing, scores.margins
     start = State(scores.rows, ctx.tokens, ctx.owner)
     floor, lim = _floor(ctx, model, start)
     g0 = gap(ctx, start)
     fit_ctx, n = ctx.head(min(FIT_TOKENS, FIT_ELEMENTS // ctx.vocab))
-    fits = _semantic(fit_ctx, State(scores.rows.take(n), fit_ctx.tokens, fit_ctx.owner), lim) if g0 > lim else []
+    fits = _semantic(fit_ctx, State(scores.rows.take(n), fit_ctx.tokens, fit_ctx.owner), lim, progress) if g0 > lim else []
     found = _shares(ctx, start, fits, g0)
     state = _applied(ctx, start, fits)
     flips = routing.stats(ctx)
@@ -61,13 +64,13 @@ def audit(records: Iterable[Record] | str | os.PathLike, model: Model, old: Sequ
                            "an engine numeric choice (dtype, kernel, reduction order): fingerprint it with "
                            "aligntools.fingerprint / mlab check --infer, drill with mlab audit --drill",
                            {**remainder(ctx.engine, state.logprobs(), ctx.position),
-                            **precision.numeric_detail(ctx, state)}))
+                            **precision.numeric_detail(ctx, state, progress)}))
     causes = tuple(sorted(found, key=lambda c: -c.share))
     return AuditResult("misaligned" if g0 > lim else "aligned", causes if g0 > lim else (), g0, floor, lim,
                        len(ctx.tokens), len(recs), flips)
 
 
-def _semantic(ctx: Context, start: State, lim: float) -> list[Fit]:
+def _semantic(ctx: Context, start: State, lim: float, progress: bool = False) -> list[Fit]:
     """Greedy: add the cause that closes the most of the remaining gap while it closes >= ACCEPT of it,
     then refit every cause found with the others applied (an engine at T = 0.7 with top-k 50 fits
     T = 0.63 alone; with top-k applied, T is fitted again and comes out right)."""
@@ -75,7 +78,9 @@ def _semantic(ctx: Context, start: State, lim: float) -> list[Fit]:
     state, g = start, gap(ctx, start)
     while g > lim:
         tried = {f.name for f in fits}
-        candidates = [f for name, fn in CAUSES.items() if name not in tried and (f := fn(ctx, state))]
+        untried = [(name, fn) for name, fn in CAUSES.items() if name not in tried]
+        bar = tqdm(untried, desc=f"causes, round {len(fits) + 1}", unit="cause", disable=not progress, leave=False)
+        candidates = [f for name, fn in bar if (f := fn(ctx, state))]
         if not candidates:
             break
         g_best, best = min(((gap(ctx, f.apply(ctx, state)), f) for f in candidates), key=lambda p: p[0])

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, out in (("--json", args.json), ("--report", args.report)):
         if out and not Path(out).parent.is_dir():
             raise ValueError(f"{flag} {out}: directory {Path(out).parent} does not exist; create it first")
-    result = audit(records_of(args.records), args.model, old=args.old)
+    result = audit(records_of(args.records), args.model, old=args.old, progress=True)
     print(result.summary())  # the verdict first: a failing write below does not lose it
     if args.drill:
         print(drill_numeric(result, args.model))

@@ -85,3 +85,17 @@ def test_usage_errors_exit_2_with_one_line(llama, tmp_path, mlab, case, message)
     assert message in err
     if case.endswith("_dir"):
         assert "does not exist; create it first" in err
+
+
+def test_progress_bars_go_to_stderr_and_stdout_keeps_the_verdict(llama, llama_model, tmp_path, capsys):
+    """A 64 x 256 audit of smollm2 takes minutes: ``mlab audit`` shows where it is (the trainer's forward
+    per record, each round of causes, the fingerprint's candidates) on stderr, so stdout stays the verdict
+    a CI script parses."""
+    from labs.cli import main
+
+    records = write_jsonl(plant(llama_model, "bf16", n=3).records, tmp_path / "r.jsonl")
+    assert main(["audit", str(records), "--model", str(llama)]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("misaligned: numeric") and "trainer forward" not in out and "%|" not in out
+    assert "trainer forward: 100%" in err and "3/3" in err, err[-2000:]
+    assert "fingerprint: 100%" in err and "causes, round 1" in err
