@@ -9,6 +9,7 @@ Signatures:
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from torch import nn
@@ -49,14 +50,24 @@ def _chat_template(ctx: Context, prompts: list[list[int]]) -> list[list[int]] | 
     path = getattr(ctx.model, "name_or_path", None)
     if not path or not (Path(path) / "tokenizer_config.json").is_file():
         return None
-    import transformers
-
-    tok = transformers.AutoTokenizer.from_pretrained(path)
+    files = sorted([*Path(path).glob("tokenizer*"), *Path(path).glob("chat_template*")])
+    stamp = tuple((f.name, f.stat().st_mtime_ns) for f in files)
+    tok = _tokenizer(str(path), stamp)
     if not getattr(tok, "chat_template", None):
         return None
     return [list(tok.apply_chat_template([{"role": "user", "content": tok.decode(p, skip_special_tokens=True)}],
                                          add_generation_prompt=True, tokenize=True, return_dict=False))
             for p in prompts]
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(path: str, stamp: tuple) -> object:
+    """The checkpoint's tokenizer, loaded once per process and version of its files (``stamp``: their names
+    and mtimes): Gemma 3's is a 33 MB JSON that took 3 s to parse, and the cause asks for it in every round
+    of causes (read only: the template is applied, nothing is set)."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(path)
 
 
 @register_cause("prompt_mismatch")

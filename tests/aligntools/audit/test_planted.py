@@ -150,3 +150,35 @@ def test_causes_fitted_on_the_first_records_apply_to_all(model, fault, request, 
     assert math.isclose(top.share, 1.0, abs_tol=result.limit / result.gap)
     if fault == "routing":
         assert top.estimate == result.routing["tokens_with_flip"]
+
+
+def test_a_chat_template_the_engine_applied_alone_is_named(llama, tmp_path):
+    """The engine rendered the chat template (as vLLM's chat endpoint does) and the records keep the raw
+    prompt: ``prompt_mismatch`` with ``chat_template``. The zoo's tiny models ship no template, so this
+    copy of tiny-llama gets one; the real checkpoints (smollm2, Gemma 3) carry theirs and take this path."""
+    import shutil
+
+    import transformers
+
+    from aligntools.audit.planted import _prompts, generate
+    from aligntools.records import Record
+
+    path = shutil.copytree(llama, tmp_path / "tiny-llama-chat")
+    (path / "chat_template.jinja").write_text(
+        "{% for m in messages %}<user> {{ m.content }} </user>{% endfor %}{% if add_generation_prompt %} <bot>{% endif %}")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    records = []
+    for i, prompt in enumerate(_prompts(model, 4, 8, seed=0).tolist()):
+        chat = [{"role": "user", "content": tok.decode(prompt, skip_special_tokens=True)}]
+        seen = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+        completion, lp = generate(model, torch.tensor([seen]), 16, seed=i)
+        records.append(Record(tuple(prompt), tuple(completion[0].tolist()), tuple(lp[0].tolist())))
+    result = aligntools.audit(records, model)
+    top = result.causes[0]
+    assert (top.name, top.estimate) == ("prompt_mismatch", "chat_template"), result.summary()
+    assert math.isclose(top.share, 1.0, abs_tol=result.limit / result.gap), result.summary()
+    # another template in the same files: the audit reads it (the tokenizer is cached per version of its files)
+    (path / "chat_template.jinja").write_text("{% for m in messages %}[[ {{ m.content }} ]]{% endfor %}")
+    again = aligntools.audit(records, model).causes[0]
+    assert not (again.name == "prompt_mismatch" and again.share > 0.5), again
