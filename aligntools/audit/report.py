@@ -47,7 +47,7 @@ def render(result: AuditResult) -> str:
         if sized:
             parts += [f"<h2>Fingerprint by size: each candidate's own gap beside the recorded "
                       f"{sized['recorded']:.3g} nats</h2>",
-                      f"<p>{html.escape(sentence(sized))}. Interval: 95 %, bootstrap over {sized['unit']}.</p>",
+                      f"<p>{html.escape(_first_up(sentence(sized)))}. Interval: 95 %, bootstrap over {sized['unit']}.</p>",
                       _table(["candidate", "its gap (nats)", "recorded / its gap", "95 % interval", "reading"],
                              [[c["candidate"], c["gap"], c["ratio"], f"[{c['low']:.2f}, {c['high']:.2f}]",
                                c["reading"]] for c in sized["candidates"]])]
@@ -60,6 +60,11 @@ def render(result: AuditResult) -> str:
                          [["k-th minus (k+1)-th logit", r["flip_margin_median"], r["kept_margin_median"]]])]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>mlab audit</title><style>{STYLE}</style>"
             f"</head><body>{''.join(parts)}</body></html>\n")
+
+
+def _first_up(text: str) -> str:
+    """``text`` with its first letter upper-case, as a paragraph starts (the clause is also mid-sentence in the summary)."""
+    return text[:1].upper() + text[1:]
 
 
 def _replayed(detail: dict) -> list[str]:

@@ -105,7 +105,7 @@ def test_a_gap_of_bf16_size_without_its_pattern_is_read_by_size(llama_model):
     assert replayed["candidate"] == next(c for c in consistent if c in ("bf16", "bf16 weights", "bf16 lm_head",
                                                                          "bf16 norms", "fp16")), (consistent, replayed)
     page = render(result)
-    assert "Fingerprint by size" in page and "too small" in page
+    assert "Fingerprint by size" in page and "too small" in page and "<p>By size the gap matches" in page
 
 
 def test_a_real_models_bf16_engine_is_read_by_size(zoo):
