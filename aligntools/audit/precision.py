@@ -122,26 +122,60 @@ def _screen_context(ctx: Context) -> Context:
     return Context.of([cut], ctx.model, ctx.vocab)
 
 
-class _Screen:
-    """The modelled logprobs [n] of the screening records ``sub`` (``_screen_context``) with weights (by name)
-    substituted in the trainer, under ``state``'s processors and shift: all records in one right-padded forward
-    without a copy of the model, within float32 noise of ``score``'s one record at a time, which the winner is
-    re-scored with. The trainer's own forward runs first and keeps each decoder layer's output; a candidate
-    that changes layer i onward (``from_layer``) then runs only from there, the layers before returning
-    their kept outputs (the same bits: the same layers on the same inputs), so the per-layer screens cost
-    half a forward each on average."""
+BATCH_ELEMENTS = 1 << 25
+"""Logits (records x padded rows x vocabulary) one right-padded forward may hold: 128 MB in fp32."""
 
-    def __init__(self, sub: Context, state: State) -> None:
-        from aligntools.adapters.roles import find_roles
 
-        self.sub, self.state = sub, state
-        seqs = [list(r.prompt_ids) + list(r.completion_ids)[:-1] for r in sub.records]
+class _Padded:
+    """Records scored in one right-padded forward: ``ids``, ``mask`` [B, L] and, for ``logits``, the rows of
+    each record's completion tokens. Within float32 noise of ``score``'s one record at a time (other GEMM
+    shapes), and a small model's short records cost ~1.7x less so (4 x 40 tokens of smollm2: 0.64 s
+    against 1.1 s)."""
+
+    def __init__(self, records: list[Record]) -> None:
+        seqs = [list(r.prompt_ids) + list(r.completion_ids)[:-1] for r in records]
         self.ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)  # [B, L]
         self.mask = torch.zeros_like(self.ids)
         for i, s in enumerate(seqs):
             self.ids[i, :len(s)], self.mask[i, :len(s)] = torch.tensor(s), 1
-        self.start = min(len(r.prompt_ids) for r in sub.records) - 1  # lm_head only from the first completion row on
-        self.rows = [slice(len(r.prompt_ids) - 1 - self.start, len(s) - self.start) for r, s in zip(sub.records, seqs)]
+        self.start = min(len(r.prompt_ids) for r in records) - 1  # lm_head only from the first completion row on
+        self.rows = [slice(len(r.prompt_ids) - 1 - self.start, len(s) - self.start) for r, s in zip(records, seqs)]
+
+    def logits(self, model: nn.Module, weights: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """[n, V]: the logits at every completion token, in the records' order (``weights``: substituted by name)."""
+        kwargs = {"input_ids": self.ids, "attention_mask": self.mask, "logits_to_keep": self.ids.shape[1] - self.start}
+        with torch.inference_mode():
+            out = (torch.func.functional_call(model, weights, (), kwargs) if weights is not None
+                   else model(**kwargs)).logits  # [B, L - start, V]: row t - start of record i predicts token t + 1
+        logits = torch.cat([out[i, rows] for i, rows in enumerate(self.rows)])
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 read as fp32, fp64 kept
+
+    @staticmethod
+    def groups(records: list[Record], vocab: int) -> list[_Padded]:
+        """``records`` in consecutive groups of at most ``BATCH_ELEMENTS`` logits each (one record at least)."""
+        out: list[list[Record]] = []
+        for r in records:
+            group = [*out[-1], r] if out else [r]
+            rows = max(len(g.prompt_ids) + len(g.completion_ids) for g in group) - min(len(g.prompt_ids) for g in group)
+            if out and len(group) * rows * vocab <= BATCH_ELEMENTS:
+                out[-1] = group
+            else:
+                out.append([r])
+        return [_Padded(g) for g in out]
+
+
+class _Screen:
+    """The modelled logprobs [n] of the screening records ``sub`` (``_screen_context``) with weights (by name)
+    substituted in the trainer, under ``state``'s processors and shift: all records in one right-padded forward
+    (``_Padded``) without a copy of the model; the winner is re-scored with ``score``. The trainer's own
+    forward runs first and keeps each decoder layer's output; a candidate that changes layer i onward
+    (``from_layer``) then runs only from there, the layers before returning their kept outputs (the same bits:
+    the same layers on the same inputs), so the per-layer screens cost half a forward each on average."""
+
+    def __init__(self, sub: Context, state: State) -> None:
+        from aligntools.adapters.roles import find_roles
+
+        self.sub, self.state, self.padded = sub, state, _Padded(sub.records)
         roles = find_roles(sub.model, getattr(sub.model, "config", None))
         self.layers = [lr.layer for lr in roles.layers] if roles else []
         self.kept: list[object] = []
@@ -153,18 +187,14 @@ class _Screen:
                 h.remove()
 
     def __call__(self, weights: dict[str, torch.Tensor], from_layer: int = 0) -> torch.Tensor:
-        kwargs = {"input_ids": self.ids, "attention_mask": self.mask, "logits_to_keep": self.ids.shape[1] - self.start}
         skipped = self.layers[:from_layer] if len(self.kept) == len(self.layers) else []
         for layer, out in zip(skipped, self.kept):
             layer.forward = lambda *_, _out=out, **__: _out
         try:
-            with torch.inference_mode():
-                out = torch.func.functional_call(self.sub.model, weights, (), kwargs).logits
+            logits = self.padded.logits(self.sub.model, weights)  # [n, V]
         finally:
             for layer in skipped:
                 del layer.forward
-        # out: [B, L - start, V]; row t - start of record i predicts its token t + 1
-        logits = torch.cat([out[i, rows] for i, rows in enumerate(self.rows)])
         # the state's processors and shift on the screened rows (a prefix: the same row indices)
         return dataclasses.replace(self.state, logits=logits, tokens=self.sub.tokens, owner=self.sub.owner).logprobs()
 
@@ -288,15 +318,18 @@ def _rescored(ctx: Context, model: nn.Module) -> torch.Tensor:
 
 def moved(ctx: Context, state: State, progress: bool = False) -> dict[str, torch.Tensor]:
     """Per candidate of ``KNOBS``: how far it moves each recorded token's modelled logprob, [N] float64
-    (candidate minus ``state``), one re-score of ``ctx``'s records with ``state``'s processors and shift kept."""
+    (candidate minus trainer, both scored in the same right-padded batches, ``_Padded.groups``), with
+    ``state``'s processors and shift kept."""
     from tqdm.auto import tqdm
 
-    base = state.logprobs()
+    batches = _Padded.groups(ctx.records, ctx.vocab)
+    scored = lambda model: state.with_logits(torch.cat([b.logits(model) for b in batches])).logprobs()  # noqa: E731
+    base = scored(ctx.model)
     out = {}
     for name, apply in tqdm(KNOBS.items(), desc="fingerprint", unit="candidate", disable=not progress):
         engine = copy.deepcopy(ctx.model)
         apply(engine)
-        out[name] = state.with_logits(_rescored(ctx, engine)).logprobs() - base
+        out[name] = scored(engine) - base
     return out
 
 

@@ -140,3 +140,40 @@ def test_a_per_layer_screen_from_its_layer_has_the_bits_of_a_whole_forward(model
     assert not torch.equal(whole, screen.trainer)  # the candidate did change the last layer
     assert torch.equal(screen({}, from_layer=last), screen.trainer)
     assert not any("forward" in vars(layer) for layer in screen.layers)  # the layers' own forwards are back
+
+
+def test_padded_groups_keep_the_budget_and_the_order(llama_model, monkeypatch):
+    """The fingerprint scores its records in right-padded batches of at most ``BATCH_ELEMENTS`` logits:
+    each group within it (or one record alone), every record once, in order."""
+    from aligntools.audit import precision
+    from aligntools.records import Record
+
+    vocab = llama_model.config.vocab_size
+    records = [Record((1,) * p, (5,) * c, (-1.0,) * c) for p, c in [(3, 4), (9, 2), (2, 7), (4, 4), (30, 5)]]
+    monkeypatch.setattr(precision, "BATCH_ELEMENTS", 16 * vocab)
+    groups = precision._Padded.groups(records, vocab)
+    # rows a group pads to: its longest sequence less its shortest prompt; 2 x 8, 2 x 7, then the long one alone
+    assert [len(g.rows) for g in groups] == [2, 2, 1]
+    for g in groups:
+        assert len(g.rows) == 1 or g.ids.shape[0] * (g.ids.shape[1] - g.start) * vocab <= 16 * vocab
+    flat = [row for g in groups for row in g.ids.tolist()]
+    assert [len([t for t in row if t]) for row in flat] == [p + c - 1 for p, c in [(3, 4), (9, 2), (2, 7), (4, 4), (30, 5)]]
+
+
+@pytest.mark.parametrize("model", ["llama_model", "moe_model"])
+def test_padded_logprobs_are_as_close_to_float64_as_one_record_at_a_time(model, request):
+    """A right-padded batch is another fp32 path (other GEMM shapes, a padding mask), not another answer:
+    its logprobs stay as close to the float64 model's as ``score``'s one record at a time (4x its worst
+    error, the fp32 noise the floor measures), on records of unequal prompt and completion lengths."""
+    from aligntools.audit.precision import _Padded
+    from aligntools.audit.logits import token_logprob
+    from aligntools.audit.score import load_model
+
+    m = request.getfixturevalue(model)
+    recs = plant(m, "clean", n=2, new=10).records + plant(m, "clean", n=2, prompt_len=5, new=6, seed=1).records
+    prompts, completions = [r.prompt_ids for r in recs], [r.completion_ids for r in recs]
+    tokens = torch.tensor([t for c in completions for t in c])
+    lp64 = score(load_model(m, torch.float64), prompts, completions).rows.lp
+    one = score(m, prompts, completions).rows.lp
+    batched = token_logprob(torch.cat([b.logits(m) for b in _Padded.groups(recs, m.config.vocab_size)]), tokens)
+    assert (batched.double() - lp64).abs().max() <= 4 * (one.double() - lp64).abs().max() + 1e-7
