@@ -7,8 +7,8 @@ signature (docs/audit.md); ``numeric`` is what they leave, ``routing`` what repl
 experts removes, ``quantized_layers`` what re-scoring with quantized layers removes;
 ``aligntools.audit.fingerprint(records, model)`` (``aligntools.audit.precision``) ranks the precision
 choices that reproduce a numeric gap token by token, and ``aligntools.audit.by_size`` those whose gap is as
-large where none does (an engine rounding in its own order on a deep model). Importing this package loads no model code: transformers is imported
-on first audit.
+large where none does (an engine rounding in its own order on a deep model). Importing this package loads
+no model code: transformers is imported on first audit.
 """
 
 from __future__ import annotations

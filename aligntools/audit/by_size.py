@@ -39,7 +39,10 @@ def by_size(engine: torch.Tensor, candidates: dict[str, torch.Tensor], owner: to
     unit = owner.long() * (int(position.max()) // BLOCK + 1) + position.long() // BLOCK
     _, unit = torch.unique(unit, return_inverse=True)  # [N] block index 0..B-1
     blocks = int(unit.max()) + 1
-    sums = lambda x: torch.zeros(blocks, dtype=torch.float64).index_add_(0, unit, x.double().abs()).numpy()  # noqa: E731
+
+    def sums(x: torch.Tensor) -> np.ndarray:  # [B]: sum of |x| per block
+        return torch.zeros(blocks, dtype=torch.float64).index_add_(0, unit, x.double().abs()).numpy()
+
     draws = np.random.default_rng(seed).multinomial(blocks, np.full(blocks, 1.0 / blocks), size=RESAMPLES)  # [R, B]
     recorded = sums(engine)
     out = []
@@ -57,8 +60,8 @@ def by_size(engine: torch.Tensor, candidates: dict[str, torch.Tensor], owner: to
         out.append({"candidate": name, "gap": float(own.sum() / len(delta)), "ratio": float(ratio),
                     "low": float(low), "high": float(high), "reading": reading})
     order = {"consistent": 0, "too small": 1, "too large": 1, "not finite": 2}
-    out.sort(key=lambda c: (order[c["reading"]], abs(np.log(c["ratio"])) if np.isfinite(c["ratio"]) and c["ratio"] > 0
-                            else np.inf))
+    distance = lambda r: abs(np.log(r)) if np.isfinite(r) and r > 0 else np.inf  # noqa: E731 - from a ratio of 1
+    out.sort(key=lambda c: (order[c["reading"]], distance(c["ratio"])))
     return {"recorded": float(recorded.sum() / len(engine)), "unit": f"blocks of {BLOCK} tokens, {blocks} blocks",
             "candidates": out}
 
@@ -79,6 +82,9 @@ def sentence(found: dict) -> str:
             f"recorded, ratio {best['ratio']:.2f} [{best['low']:.2f}, {best['high']:.2f}])")
     if len(fits) > 1:
         head += " and " + ", ".join(c["candidate"] for c in fits[1:])
+    if small:
+        head += f"; too small to be all of it: {', '.join(c['candidate'] for c in small)}"
     overflows = [c["candidate"] for c in named("not finite")]
-    return (head + (f"; too small to be all of it: {', '.join(c['candidate'] for c in small)}" if small else "")
-            + (f"; {', '.join(overflows)} overflow{'s' if len(overflows) == 1 else ''} on this model" if overflows else ""))
+    if overflows:
+        head += f"; {', '.join(overflows)} overflow{'s' if len(overflows) == 1 else ''} on this model"
+    return head

@@ -229,7 +229,7 @@ def quantized_layers(ctx: Context, state: State) -> Fit | None:
     fmt, group = min(tried, key=tried.__getitem__)
     if tried[fmt, group] > EXACT * g:  # no layer group reproduces the engine: one layer alone?
         layers = [c for c in groups if c not in COARSE]
-        screen(fmt, layers, quantized(ctx.model, {n: None for c in layers for n in groups[c]}, fmt))
+        screen(fmt, layers, quantized(ctx.model, dict.fromkeys(n for c in layers for n in groups[c]), fmt))
         fmt, group = min(tried, key=tried.__getitem__)
     names, key = groups[group], f"quantized:{fmt}:{group}"
 
@@ -309,33 +309,32 @@ casting parts of the HF model (any architecture transformers runs), not by minir
 architectures it implements); the comments name the minirl knob each one matches."""
 
 
-def _rescored(ctx: Context, model: nn.Module) -> torch.Tensor:
-    """Logits [N, V] of ``ctx``'s recorded tokens under ``model``."""
-    from aligntools.audit.score import score
-
-    return score(model, [r.prompt_ids for r in ctx.records], [r.completion_ids for r in ctx.records]).logits
+def padded_logits(ctx: Context, model: nn.Module) -> torch.Tensor:
+    """Logits [N, V] of ``ctx``'s recorded tokens under ``model``, in right-padded batches (``_Padded.groups``):
+    the fingerprint scores the trainer and every candidate this one way, so their differences hold no
+    batching noise."""
+    return torch.cat([b.logits(model) for b in _Padded.groups(ctx.records, ctx.vocab)])
 
 
 def moved(ctx: Context, state: State, progress: bool = False) -> dict[str, torch.Tensor]:
     """Per candidate of ``KNOBS``: how far it moves each recorded token's modelled logprob, [N] float64
-    (candidate minus trainer, both scored in the same right-padded batches, ``_Padded.groups``), with
-    ``state``'s processors and shift kept."""
+    (candidate minus ``state``), with ``state``'s processors and shift kept. ``state`` holds the trainer's
+    logits as ``padded_logits`` scores them, as each candidate is scored."""
     from tqdm.auto import tqdm
 
-    batches = _Padded.groups(ctx.records, ctx.vocab)
-    scored = lambda model: state.with_logits(torch.cat([b.logits(model) for b in batches])).logprobs()  # noqa: E731
-    base = scored(ctx.model)
+    base = state.logprobs()
     out = {}
     for name, apply in tqdm(KNOBS.items(), desc="fingerprint", unit="candidate", disable=not progress):
         engine = copy.deepcopy(ctx.model)
         apply(engine)
-        out[name] = scored(engine) - base
+        out[name] = state.with_logits(padded_logits(ctx, engine)).logprobs() - base
     return out
 
 
 def shares(ctx: Context, state: State, deltas: dict[str, torch.Tensor] | None = None) -> list[tuple[str, float]]:
-    """(candidate, share of the gap of ``state`` it removes token by token, clipped at 0; 0 where it
-    overflows), best first; ``deltas``: ``moved(ctx, state)`` when already computed."""
+    """(candidate, share of the gap of ``state`` (the trainer's logits as ``padded_logits`` scores them) it
+    removes token by token, clipped at 0; 0 where it overflows), best first; ``deltas``: ``moved(ctx,
+    state)`` when already computed."""
     deltas = moved(ctx, state) if deltas is None else deltas
     base, g0 = state.logprobs(), gap(ctx, state)
     out = [(name, max(0.0, 1 - float((ctx.engine - base - d).abs().mean()) / g0) if g0 > 0 else 0.0)
@@ -352,7 +351,7 @@ def fingerprint(records: Iterable[Record] | str | os.PathLike, model: str | os.P
     recs = read(records) if isinstance(records, (str, os.PathLike)) else list(records)
     trainer = load_model(model)
     ctx, _ = Context.of(recs, trainer, trainer.get_output_embeddings().weight.shape[0]).head(tokens)
-    return shares(ctx, State(_rescored(ctx, trainer), ctx.tokens, ctx.owner))
+    return shares(ctx, State(padded_logits(ctx, trainer), ctx.tokens, ctx.owner))
 
 
 def numeric_detail(ctx: Context, state: State, progress: bool = False) -> dict:
@@ -362,12 +361,12 @@ def numeric_detail(ctx: Context, state: State, progress: bool = False) -> dict:
     ``replay``, the first record through the minirl engine of the candidate that reproduces the engine
     (share >= ``REPRODUCES``), else of the closest in size that minirl computes (None when neither)."""
     sub, _ = ctx.head(FINGERPRINT_TOKENS)
-    st = dataclasses.replace(state, logits=_rescored(sub, ctx.model), tokens=sub.tokens, owner=sub.owner)
+    st = dataclasses.replace(state, logits=padded_logits(sub, ctx.model), tokens=sub.tokens, owner=sub.owner)
     deltas = moved(sub, st, progress)
     found = shares(sub, st, deltas)
     sized = by_size(sub.engine - st.logprobs(), deltas, sub.owner, sub.position)
-    best = found[0][0] if found[0][1] >= REPRODUCES else next(
-        (c["candidate"] for c in sized["candidates"] if c["reading"] == "consistent" and c["candidate"] in ENGINES), None)
+    consistent = [c["candidate"] for c in sized["candidates"] if c["reading"] == "consistent"]
+    best = found[0][0] if found[0][1] >= REPRODUCES else next((c for c in consistent if c in ENGINES), None)
     return {"fingerprint": found, "by_size": sized, "replay": replay(ctx.records[0], ctx.model, best) if best else None}
 
 
@@ -392,8 +391,8 @@ def trainer_limits() -> Tolerance:
 
 def replay(record: Record, model: nn.Module, candidate: str) -> dict | None:
     """Replay ``record``'s prompt and first ``REPLAY_TOKENS`` through the trainer and through the minirl
-    engine computing as ``candidate``, site by site (``aligntools.capture``, ``compare`` with every site held to float32's
-    limits, the trainer's): where that engine's numerics part from the trainer's. ``engine`` is its spec as
+    engine computing as ``candidate``, site by site (``aligntools.capture``, ``compare`` with every site held
+    to float32's limits, the trainer's): where that engine's numerics part from the trainer's. ``engine`` is its spec as
     ``mlab check --infer`` and ``aligntools.drill`` take it; ``drill``, the site ``mlab audit --drill``
     opens (``drilldown.gate.target_in``: the first divergence is often a norm or the logits, which hold no
     ops to drill) and why that one. None for a candidate no knob setting matches; ``error`` when minirl

@@ -47,7 +47,8 @@ def render(result: AuditResult) -> str:
         if sized:
             parts += [f"<h2>Fingerprint by size: each candidate's own gap beside the recorded "
                       f"{sized['recorded']:.3g} nats</h2>",
-                      f"<p>{html.escape(_first_up(sentence(sized)))}. Interval: 95 %, bootstrap over {sized['unit']}.</p>",
+                      f"<p>{html.escape(_first_up(sentence(sized)))}. Interval: 95 %, bootstrap over "
+                      f"{sized['unit']}.</p>",
                       _table(["candidate", "its gap (nats)", "recorded / its gap", "95 % interval", "reading"],
                              [[c["candidate"], c["gap"], c["ratio"], f"[{c['low']:.2f}, {c['high']:.2f}]",
                                c["reading"]] for c in sized["candidates"]])]
@@ -63,7 +64,8 @@ def render(result: AuditResult) -> str:
 
 
 def _first_up(text: str) -> str:
-    """``text`` with its first letter upper-case, as a paragraph starts (the clause is also mid-sentence in the summary)."""
+    """``text`` with its first letter upper-case, as a paragraph starts (the clause is mid-sentence in the
+    summary)."""
     return text[:1].upper() + text[1:]
 
 

@@ -52,7 +52,8 @@ def audit(records: Iterable[Record] | str | os.PathLike, model: Model, old: Sequ
     floor, lim = _floor(ctx, model, start)
     g0 = gap(ctx, start)
     fit_ctx, n = ctx.head(min(FIT_TOKENS, FIT_ELEMENTS // ctx.vocab))
-    fits = _semantic(fit_ctx, State(scores.rows.take(n), fit_ctx.tokens, fit_ctx.owner), lim, progress) if g0 > lim else []
+    fit_start = State(scores.rows.take(n), fit_ctx.tokens, fit_ctx.owner)
+    fits = _semantic(fit_ctx, fit_start, lim, progress) if g0 > lim else []
     found = _shares(ctx, start, fits, g0)
     state = _applied(ctx, start, fits)
     flips = routing.stats(ctx)

@@ -15,8 +15,9 @@ import torch
 import aligntools
 from aligntools.audit.by_size import BLOCK, by_size, sentence
 from aligntools.audit.planted import plant
-from aligntools.audit.precision import KNOBS, _rescored
+from aligntools.audit.precision import KNOBS
 from aligntools.audit.report import render
+from aligntools.audit.score import score
 from aligntools.audit.state import Context, State
 from aligntools.records import Record
 
@@ -29,7 +30,7 @@ def _layout(records: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_ratio_and_interval_against_a_float64_transcription():
     owner, position = _layout(4, 40)  # 3 blocks a record (16, 16, 8 tokens): 12 blocks
     g = torch.Generator().manual_seed(0)
-    engine, cand = torch.randn(160, generator=g, dtype=torch.float64), torch.randn(160, generator=g, dtype=torch.float64)
+    engine, cand = (torch.randn(160, generator=g, dtype=torch.float64) for _ in range(2))
     found = by_size(engine, {"c": cand}, owner, position, seed=3)
     c = found["candidates"][0]
     assert np.isclose(found["recorded"], engine.abs().mean().item(), rtol=1e-12)
@@ -71,15 +72,20 @@ def test_no_consistent_candidate_says_which_side_the_gap_lies():
     assert sentence(found).endswith("it is larger than that of small; it is smaller than that of large")
 
 
+def _scored(ctx: Context, model) -> torch.Tensor:  # noqa: ANN001
+    """Logits [N, V] of ``ctx``'s records under ``model``, one record at a time (the audit's own forward)."""
+    return score(model, [r.prompt_ids for r in ctx.records], [r.completion_ids for r in ctx.records]).logits
+
+
 def _bf16_sized_records(model, n: int = 6, new: int = 24) -> list[Record]:
     """Clean records whose logprobs are moved by the bf16 candidate's per-token moves, shuffled over
     the tokens: bf16's size, none of its per-token pattern (a bf16 engine rounding in its own order)."""
     clean = plant(model, "clean", n=n, new=new).records
     ctx = Context.of(clean, model, model.config.vocab_size)
-    trainer = State(_rescored(ctx, model), ctx.tokens, ctx.owner).logprobs()
+    trainer = State(_scored(ctx, model), ctx.tokens, ctx.owner).logprobs()
     bf16 = copy.deepcopy(model)
     KNOBS["bf16"](bf16)
-    move = State(_rescored(ctx, bf16), ctx.tokens, ctx.owner).logprobs() - trainer
+    move = State(_scored(ctx, bf16), ctx.tokens, ctx.owner).logprobs() - trainer
     shuffled = move[torch.randperm(len(move), generator=torch.Generator().manual_seed(0))]
     lp = (trainer + shuffled).clamp(max=0.0).tolist()
     out, k = [], 0
@@ -122,14 +128,15 @@ def test_a_real_models_bf16_engine_is_read_by_size(zoo):
     clean = plant(model, "clean", n=4, new=32).records  # the trainer's own samples: tokens a policy would draw
     engine = build_engine("minirl:typical,dtype=bfloat16", path)
     scored = engine.score([[*r.prompt_ids, *r.completion_ids] for r in clean])  # [len - 1] each
-    records = [Record(r.prompt_ids, r.completion_ids, s[len(r.prompt_ids) - 1:].tolist()) for r, s in zip(clean, scored)]
+    records = [Record(r.prompt_ids, r.completion_ids, s[len(r.prompt_ids) - 1:].tolist())
+               for r, s in zip(clean, scored)]
     ctx = Context.of(records, model, model.config.vocab_size)
-    trainer = State(_rescored(ctx, model), ctx.tokens, ctx.owner)
+    trainer = State(_scored(ctx, model), ctx.tokens, ctx.owner)
     deltas = {}
     for name in ("bf16", "fp16", "bf16 weights"):
         candidate = copy.deepcopy(model)
         KNOBS[name](candidate)
-        deltas[name] = trainer.with_logits(_rescored(ctx, candidate)).logprobs() - trainer.logprobs()
+        deltas[name] = trainer.with_logits(_scored(ctx, candidate)).logprobs() - trainer.logprobs()
     found = by_size(ctx.engine - trainer.logprobs(), deltas, ctx.owner, ctx.position)
     reading = {c["candidate"]: c["reading"] for c in found["candidates"]}
     assert reading == {"bf16": "consistent", "fp16": "too small", "bf16 weights": "too small"}, found
