@@ -48,3 +48,34 @@ def test_a_package_without_the_file_or_assemble_is_refused(packages, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"missing from the installed 'whole-pkg' package, which has no "
                                                 r"assemble\(\)"):
         zoo_gguf.package_file("whole_pkg/other.gguf", tmp_path)
+
+
+def test_a_conversion_parses_the_file_once_and_restores_gguf_after(tmp_path, monkeypatch):
+    """transformers reads config, tokenizer and tensors with a fresh ``GGUFReader`` each and builds
+    the tensor-name map per module: inside ``_parsed_once`` one parse and one map serve them all."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.arange(6, dtype=np.float32).reshape(2, 3))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    parses = []
+
+    class Counted(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    original_map = gguf.get_tensor_name_map
+    with pytest.raises(RuntimeError, match="mid-conversion"), zoo_gguf._parsed_once():
+        first, again = gguf.GGUFReader(str(path)), gguf.GGUFReader(path)
+        assert first is again and len(parses) == 1
+        assert first.tensors[0].data.tolist() == [[0, 1, 2], [3, 4, 5]]
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        raise RuntimeError("mid-conversion")
+    assert gguf.GGUFReader is Counted and gguf.get_tensor_name_map is original_map  # restored after a failure too
+    assert gguf.GGUFReader(str(path)) is not first and len(parses) == 2
