@@ -46,6 +46,7 @@ class Setting:
     engine: str
     trainer_dtype: str
     trainer_attention: str
+    trainer_forward: str = "batched"
 
 
 SETTINGS = {
@@ -55,6 +56,9 @@ SETTINGS = {
     "hf_exact_bf16_eager": Setting("minirl:hf_exact,dtype=bfloat16", "bfloat16", "eager"),
     # both sides in fp32, transformers' eager math on the engine (Ring-linear §5.2.1 aligned)
     "hf_exact_fp32_eager": Setting("minirl:hf_exact,dtype=float32", "float32", "eager"),
+    # the engine re-runs each prefix (no KV cache) and the trainer scores each token from its prefix the same way:
+    # every shape and the log-softmax the engine's (TrainConfig.trainer_forward: per_token)
+    "per_token_bf16": Setting("minirl:hf_exact,dtype=bfloat16,decode=recompute", "bfloat16", "eager", "per_token"),
     # what RL runs by default: vLLM-like bf16 knobs against the fp32 trainer (the cost baseline)
     "typical_bf16": Setting("minirl:typical,dtype=bfloat16", "float32", "auto"),
 }
@@ -77,7 +81,7 @@ class Sizes:
     greedy_tokens: int = 16
 
 
-SMALL = Sizes(models=("tiny-qwen3",), settings=("hf_exact_bf16_eager",), seeds=(0, 1),
+SMALL = Sizes(models=("tiny-qwen3",), settings=("per_token_bf16",), seeds=(0, 1),
               steps=1, prompts_per_step=2, group_size=2, max_new_tokens=6, batch_sizes=(1, 3, 8), greedy_tokens=8)
 
 
@@ -100,7 +104,8 @@ def config(model: str, setting: Setting, sizes: Sizes, **changes: object):  # no
                        eval_every=0, checkpoint_every=0, progress=False, correction="none", steps=sizes.steps,
                        prompts_per_step=sizes.prompts_per_step, group_size=sizes.group_size,
                        max_new_tokens=sizes.max_new_tokens, lr=sizes.lr, engine=setting.engine,
-                       trainer_dtype=setting.trainer_dtype, trainer_attention=setting.trainer_attention, **changes)
+                       trainer_dtype=setting.trainer_dtype, trainer_attention=setting.trainer_attention,
+                       trainer_forward=setting.trainer_forward, **changes)
 
 
 def arm(cfg, cache: Path, split_seed: int, prepare: Callable | None = None) -> xr.Dataset:  # noqa: ANN001 - a TrainConfig

@@ -81,6 +81,10 @@ RULES: tuple[Rule, ...] = (
     Rule("`shared_prefix` with `router_replay`", lambda c: c.shared_prefix and c.router_replay != "none",
          "router replay's records are per padded sequence, shared_prefix packs one row per prompt; "
          "set shared_prefix: false"),
+    Rule("`trainer_forward: per_token` with `shared_prefix` or `router_replay`",
+         lambda c: c.trainer_forward == "per_token" and (c.shared_prefix or c.router_replay != "none"),
+         "the per-token forward runs each prefix alone, as a recomputing engine does; it neither packs prompts nor "
+         "replays or records routing. Set shared_prefix: false and router_replay: none, or trainer_forward: batched"),
 )
 
 

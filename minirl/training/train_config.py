@@ -205,6 +205,16 @@ class TrainConfig:
     bf16 forward + backward takes a third of ``sdpa``'s (whose CPU flash backward is slow on short
     rows: docs/measurements/2026-12-02-bf16-step-speed.md). Part of the trainer's numerics: a
     resume refuses to change it."""
+    trainer_forward: str = one_of("batched", ("batched", "per_token"))
+    """how the trainer's forward is shaped. ``batched``: the sequences right-padded into one forward
+    (or packed, ``shared_prefix``), the lm_head and log-softmax through the fused chunked kernel.
+    ``per_token``: each completion token from its own forward of its prefix, the head on that last
+    row, ``log_softmax`` in fp32 (``trainer_forward.forward_per_token``): the shapes an engine with
+    ``decode=recompute`` and ``batch_invariant`` computes, so with ``engine:
+    minirl:hf_exact,dtype=bfloat16,decode=recompute``, ``trainer_dtype: bfloat16`` and ``trainer_attention:
+    eager`` the recomputed log-probs equal the engine's bit for bit (slime's true on-policy, on CPU;
+    docs/rl.md). One forward and backward per completion token: for the tiny models and short
+    completions. Not with ``shared_prefix`` or router replay; the KL reference stays batched."""
     shared_prefix: bool = False
     """trainer forwards pack each prompt once with its completions (block mask) instead of
     repeating it in every padded row: ~``group_size`` x fewer prompt tokens; same logprobs up to

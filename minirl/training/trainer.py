@@ -41,7 +41,7 @@ from minirl.quiet import quiet
 from minirl.training.run_log import RunLog
 from minirl.training.sft import encode, warm_start
 from minirl.training.train_config import TrainConfig
-from minirl.training.trainer_forward import forward, needs_forward
+from minirl.training.trainer_forward import Forward, forward, forward_per_token, needs_forward
 from minirl.algorithms.zero_variance import reshape_zero_variance_advantages
 
 
@@ -204,12 +204,11 @@ class Trainer:
         adv = advantages.ADVANTAGES.call(c.advantage, c, rewards, g).to(self.device)
         batch = pack(rollouts, self.device)
         routing = batch.routed if c.router_replay == "r3" else None
-        prompt_lens = batch.prompt_lens if c.shared_prefix else None
         old = None
         if c.old_logprobs == "recompute":
             with torch.no_grad():
-                old = forward(self.model, batch.sequences, routing, record_routing=c.router_replay == "r2",
-                              prompt_lens=prompt_lens)
+                old = self._policy_forward(batch.sequences, batch.prompt_lens, routing,
+                                           record_routing=c.router_replay == "r2")
             routing = old.routing if c.router_replay == "r2" else routing
         logp_old = old.logp * batch.mask if old is not None else batch.logp_infer
         weights, mask, metrics = correct(c, logp_old, batch.logp_infer, batch.mask)
@@ -238,6 +237,16 @@ class Trainer:
                 "length": float(lengths.mean()), "entropy": metrics.pop("entropy_all"),
                 "lr": self.opt.param_groups[0]["lr"], **metrics, **update, **times,
                 **({"loss_scale": self.loss_scale.scale} if self.loss_scale is not None else {})}
+
+    def _policy_forward(self, sequences: list[list[int]], prompt_lens: list[int],
+                        routing: list[torch.Tensor] | None = None, record_routing: bool = False) -> Forward:
+        """The policy's forward as ``trainer_forward`` shapes it, for the old-logprob pass and the update alike
+        (``prompt_lens``: per sequence; they pack the prompts only under ``shared_prefix``)."""
+        c = self.cfg
+        if c.trainer_forward == "per_token":
+            return forward_per_token(self.model, sequences, prompt_lens)
+        return forward(self.model, sequences, routing, record_routing=record_routing,
+                       prompt_lens=prompt_lens if c.shared_prefix else None)
 
     def _update(self, step: int, batch: Batch, adv: torch.Tensor, logp_old: torch.Tensor, weights: torch.Tensor,
                 mask: torch.Tensor, routing: list[torch.Tensor] | None, logp_ref: torch.Tensor | None,
@@ -320,9 +329,8 @@ class Trainer:
         sums: dict[str, float] = {}
         for part in idx.split(size):
             rows = part.tolist()
-            fwd = forward(self.model, [batch.sequences[i] for i in rows],
-                          None if routing is None else [routing[i] for i in rows],
-                          prompt_lens=[batch.prompt_lens[i] for i in rows] if c.shared_prefix else None)
+            fwd = self._policy_forward([batch.sequences[i] for i in rows], [batch.prompt_lens[i] for i in rows],
+                                       None if routing is None else [routing[i] for i in rows])
             logp = torch.nn.functional.pad(fwd.logp, (0, width - fwd.logp.shape[1]))  # [b, L-1]
             if entropy is not None:
                 entropy[part] = torch.nn.functional.pad(fwd.entropy, (0, width - fwd.entropy.shape[1]))

@@ -76,6 +76,35 @@ def forward(model: torch.nn.Module, sequences: list[list[int]],
     return Forward(logp, entropy, valid, routing)
 
 
+def forward_per_token(model: torch.nn.Module, sequences: list[list[int]], prompt_lens: list[int]) -> Forward:
+    """``forward`` computed as an engine decoding with ``decode=recompute`` and ``batch_invariant`` computes
+    it (``TrainConfig.trainer_forward: per_token``): each completion token from its own forward of the
+    sequence's prefix, alone, the lm_head on that prefix's last row only, then ``log_softmax`` in fp32.
+
+    Why: a batched forward's GEMMs have M = B x L rows where the engine's have M = prefix length and
+    1 (the head), and the same product rounds differently by shape; the fused head takes
+    ``z - logsumexp(z)`` where the engine takes ``log_softmax(z)``. With the shapes and the head the
+    engine's, a bf16 trainer with eager attention scores the sampled tokens bit for bit as
+    ``minirl:hf_exact,decode=recompute`` sampled them (docs/rl.md, on-policy bitwise). Costs one forward
+    (and its backward) per completion token. Prompt positions are not scored (``valid`` false, 0)."""
+    if len(prompt_lens) != len(sequences) or any(not 1 <= p < len(s) for p, s in zip(prompt_lens, sequences)):
+        raise ValueError("per-token forward needs one prompt length per sequence, each in [1, len(sequence) - 1]")
+    device = next(model.parameters()).device
+    b, length = len(sequences), max(map(len, sequences))
+    logp = torch.zeros(b, length - 1, dtype=torch.float32, device=device)  # [B, L-1]
+    entropy = torch.zeros_like(logp)
+    valid = torch.zeros(b, length - 1, dtype=torch.bool, device=device)
+    for i, (s, p) in enumerate(zip(sequences, prompt_lens)):
+        for t in range(p, len(s)):  # token t from the prefix s[:t]
+            ids = torch.tensor([s[:t]], dtype=torch.long, device=device)  # [1, t]
+            z = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()  # [V]
+            lsm = z.log_softmax(-1)
+            logp[i, t - 1] = lsm[s[t]]
+            entropy[i, t - 1] = -(lsm.exp() * lsm).sum().detach()
+            valid[i, t - 1] = True
+    return Forward(logp, entropy, valid, None)
+
+
 def head_logprobs(model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob and entropy of ``targets`` [N] from final hidden states [N, H] through the fused
