@@ -92,9 +92,11 @@ class Trainer:
         self.pairs = compute_pairs(self.model, self.master)
         self.sync_compute()
         # held over every forward and backward of the bf16 copies: their GEMMs as fp32 GEMMs on bf16
-        # operands where this CPU has no native bf16 (minirl/engine/bf16_gemm.py); a no-op elsewhere
-        self.gemms = (Bf16Gemms() if dtype == torch.bfloat16 and self.device.type == "cpu" and prepack.emulates()
-                      else contextlib.nullcontext())
+        # operands where this CPU has no native bf16 (minirl/engine/bf16_gemm.py); a no-op elsewhere. Not
+        # under `trainer_forward: per_token`, whose point is torch's own kernels, op for op, as the engine's
+        # `hf_exact` knobs keep them (`PrepackedLinear(exact=True)`): up to summation order is not bit for bit
+        emulate = dtype == torch.bfloat16 and self.device.type == "cpu" and c.trainer_forward != "per_token"
+        self.gemms = Bf16Gemms() if emulate and prepack.emulates() else contextlib.nullcontext()
         self.loss_scale = LossScale() if dtype == torch.float16 else None  # fp16's narrow exponent
         if c.router_replay != "none" and not router_replay.routers(self.model):
             raise ValueError(f"router_replay={c.router_replay!r} needs an MoE model (Qwen3-MoE, Mixtral); "

@@ -120,6 +120,7 @@ def test_small_entry_runs_and_states_its_verdict(tmp_path, name):
         zero = {k: v for k, v in nums.items() if k.startswith("zero_steps")}
         assert zero and all(nums[k.replace("zero_steps", "bitwise")] == float(v == 2) for k, v in zero.items())
         assert nums["distinct_greedy batch_invariant=True"] == 1.0
+        assert nums["bitwise tiny-qwen3 per_token_bf16"] == 1.0  # the setting that holds the rule (docs/rl.md)
     elif name == "r3_layers":
         assert 0 <= nums["layer_flip_rate float32"] <= nums["token_flip_share float32"] <= 1
         assert nums["k3_none float32"] >= 0 and nums["k3_R3 float32"] >= 0

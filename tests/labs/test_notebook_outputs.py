@@ -19,6 +19,7 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from aligntools.audit.by_size import REPRODUCES
 from aligntools.audit.precision import KNOBS
+from labs import on_policy_lab
 
 
 def tagged(nb: nbformat.NotebookNode, tag: str) -> list[dict]:
@@ -498,7 +499,7 @@ def check_12(nb: nbformat.NotebookNode) -> None:
     that flips most and the mean flip rate)."""
     for tag in ("on-policy", "lr0", "r3"):
         assert has_image(tagged(nb, tag)), tag
-    settings = ("hf_exact_bf16_sdpa", "hf_exact_bf16_eager", "hf_exact_fp32_eager", "typical_bf16")
+    settings = tuple(on_policy_lab.SETTINGS)
     out = tagged(nb, "on-policy")
     shown = {s: row(out, s) for s in settings if f"\n{s} " in "\n" + text(out)}  # zero_steps, steps, max, mean, ...
     md = markdown(tagged(nb, "on-policy-reading"))
