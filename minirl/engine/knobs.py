@@ -116,10 +116,13 @@ class Knobs:
     expert_sum_order: str = "topk_slot"
     """How the k expert outputs of a token are weighted and summed. ``topk_slot`` (fused MoE,
     vLLM ``fused_moe``): the fp32 routing weight is applied in fp32, slots are summed in top-k
-    order. ``expert_id`` (transformers' per-expert loop): the routing weight in the
-    architecture's dtype (bf16 for Qwen3-MoE, fp32 for Mixtral), outputs accumulated in
-    ascending expert id. Ring-linear 5.2.1 MoE: deterministic permutation and summation order.
-    With top-2 the order alone cannot matter (two additions commute); the weight dtype can."""
+    order. ``expert_id`` (transformers' per-expert loop, ``experts_implementation="eager"``): the
+    routing weight in the architecture's dtype (bf16 for Qwen3-MoE, fp32 for Mixtral), each
+    weighted output rounded, outputs accumulated in ascending expert id. ``grouped_mm``
+    (transformers 5's default experts path): the weight applied in the promoted dtype, the k
+    slots summed by one fp32-accumulating ``sum`` and rounded once. Ring-linear 5.2.1 MoE:
+    deterministic permutation and summation order. With top-2 and bf16 weights ``expert_id``
+    and ``grouped_mm`` coincide; with top-8 or Mixtral's fp32 weights they do not."""
 
     tp: int = 1
     """Tensor-parallel emulation degree: row-parallel GEMMs (o_proj, down_proj) are split
@@ -163,12 +166,14 @@ class Knobs:
 
     @classmethod
     def hf_exact(cls) -> "Knobs":
-        """Bit-for-bit stock transformers in any dtype (softmax-routed and dense models): ``aligned()`` but with lm_head and router
-        in the activation dtype and plain ``torch.topk`` (its tie order), as an unmodified HF
-        trainer computes them. ``aligned()``
-        keeps those in fp32 (Ring-linear 5.2.1 recommends fp32 there on *both* sides), which
-        is closer to the fp32 truth but not identical to a stock bf16 trainer."""
-        return cls.aligned().replace(lm_head_dtype="act", router_dtype="act", topk="torch")
+        """Bit-for-bit stock transformers in any dtype (softmax-routed and dense models): ``aligned()``
+        but with lm_head and router in the activation dtype, plain ``torch.topk`` (its tie order)
+        and the experts summed as transformers' default ``grouped_mm`` path sums them, as an
+        unmodified HF trainer computes them. ``aligned()`` keeps lm_head and router in fp32
+        (Ring-linear 5.2.1 recommends fp32 there on *both* sides), which is closer to the fp32
+        truth but not identical to a stock bf16 trainer."""
+        return cls.aligned().replace(lm_head_dtype="act", router_dtype="act", topk="torch",
+                                     expert_sum_order="grouped_mm")
 
     @classmethod
     def preset(cls, name: str) -> "Knobs":

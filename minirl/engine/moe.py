@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from minirl.engine.ops import act_mul
 
-SUM_ORDERS = ("topk_slot", "expert_id")
+SUM_ORDERS = ("topk_slot", "expert_id", "grouped_mm")
 Emit = Callable[[str, torch.Tensor], None]
 
 
@@ -45,7 +45,7 @@ def moe_forward(x: torch.Tensor, router_w: torch.Tensor, gate_up: torch.Tensor, 
     logits = F.linear(x.to(cfg.router_dtype), router_w)  # [N, E] router dtype
     ids, weights = cfg.topk_fn(logits, cfg.top_k, scoring="softmax", renormalize=cfg.renormalize,
                                compute_dtype=torch.float32)  # [N, k] int64, [N, k] fp32
-    if cfg.sum_order == "expert_id" and cfg.weights_in_logits_dtype:
+    if cfg.sum_order != "topk_slot" and cfg.weights_in_logits_dtype:
         weights = weights.to(logits.dtype)  # transformers' Qwen3-MoE; fused MoE keeps fp32
     if emit:
         emit_routing(emit, prefix, logits, ids, weights)
@@ -137,14 +137,19 @@ class _Sorted:
 
 
 def _combine(y: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, order: str) -> torch.Tensor:
-    """Weighted sum over the k slots of y [N, k, H] -> [N, H] in y.dtype, added one slot at a
-    time in the activation dtype.
+    """Weighted sum over the k slots of y [N, k, H] -> [N, H] in y.dtype.
 
     ``topk_slot`` (fused MoE): the fp32 routing weight is applied in fp32 (vLLM's fused_moe
-    GEMM epilogue), rounded, and slots are summed in top-k order. ``expert_id``
-    (transformers): the weight is applied in its own dtype, slots accumulate in ascending
-    expert id (the per-expert ``index_add_`` loop).
+    GEMM epilogue), rounded, and slots are added one at a time in top-k order, in y.dtype.
+    ``expert_id`` (transformers' per-expert loop, ``experts_implementation="eager"``): the
+    weight is applied in its own dtype, rounded, and slots are added one at a time in ascending
+    expert id (its ``index_add_``). ``grouped_mm`` (transformers' default experts path,
+    ``integrations/moe.py``): the weight is applied in the promoted dtype (fp32 for Mixtral's
+    fp32 weights), the k slots are summed by one ``sum`` (fp32 accumulation) and rounded once.
+    With top-2 and bf16 weights the last two coincide; with top-8, or fp32 weights, they do not.
     """
+    if order == "grouped_mm":
+        return (y * weights[..., None]).sum(dim=1).to(y.dtype)
     if order == "topk_slot":
         yw = (y.float() * weights.float()[..., None]).to(y.dtype)
     else:

@@ -78,3 +78,42 @@ def test_hf_exact_preset_is_bit_identical_to_stock_bf16_hf(zoo, attn):
     for knobs, same in cases:
         got = torch.stack(Engine.from_pretrained(path, dtype="bfloat16", knobs=knobs).score(ids.tolist()))
         assert torch.equal(got, ref) == same, knobs
+
+
+_MOE_CONFIGS = {  # fp32 routing weights at top-2 (Mixtral), bf16 weights at top-8 (Qwen3-MoE's real k)
+    "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=16, num_experts_per_tok=8, moe_intermediate_size=64,
+                                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])),
+}
+
+
+@pytest.mark.parametrize("family", _MOE_CONFIGS)
+def test_each_expert_sum_order_is_one_transformers_experts_path(family, tmp_path):
+    """transformers 5 runs MoE experts through ``grouped_mm`` unless told otherwise (one fp32
+    ``sum`` over the k slots, rounded once) and through a per-expert ``index_add_`` loop when
+    told ``experts_implementation="eager"`` (each weighted output rounded, then added in bf16).
+    ``hf_exact`` must be the default path bit for bit, and ``expert_id`` the eager one: on these
+    two configs the two paths differ, so each knob value is also checked against the other."""
+    import transformers
+
+    from minirl.engines import load_hf
+
+    cls, fields = _MOE_CONFIGS[family]
+    cfg = getattr(transformers, cls)(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     max_position_embeddings=64, initializer_range=0.1, **fields)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    ids = torch.randint(3, 256, (4, 24), generator=torch.Generator().manual_seed(1))  # [B, S]
+    refs = {}
+    for impl in ("grouped_mm", "eager"):
+        hf = load_hf(tmp_path, "bfloat16", attn="eager", experts=impl)
+        with torch.no_grad():
+            refs[impl] = hf(ids).logits.float().log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    assert not torch.equal(refs["grouped_mm"], refs["eager"])  # else this config tells the orders apart in nothing
+    for order, impl in (("grouped_mm", "grouped_mm"), ("expert_id", "eager")):
+        knobs = Knobs.hf_exact().replace(expert_sum_order=order)
+        got = torch.stack(Engine.from_pretrained(tmp_path, dtype="bfloat16", knobs=knobs).score(ids.tolist()))
+        other = "eager" if impl == "grouped_mm" else "grouped_mm"
+        assert torch.equal(got, refs[impl]) and not torch.equal(got, refs[other]), (order, impl)
+    assert Knobs.hf_exact().expert_sum_order == "grouped_mm"  # the path a stock trainer runs
