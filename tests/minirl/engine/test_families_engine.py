@@ -87,6 +87,25 @@ def test_aligned_fp32_matches_transformers_in_prefill_and_decode(name, family, h
         torch.testing.assert_close(o.logprobs, ref, rtol=0, atol=1e-5)
 
 
+NO_SDPA = {"gemma2"}  # transformers refuses sdpa for Gemma 2 (its soft-capped attention): eager only
+
+
+@pytest.mark.parametrize("name, attn", [(n, a) for n in FAMILIES for a in ("eager", "sdpa")
+                                        if not (a == "sdpa" and n in NO_SDPA)])
+def test_hf_exact_bf16_is_transformers_bf16_bit_for_bit(name, attn, family):
+    """What the on-policy bitwise setting (configs/on_policy_bitwise.yaml) rests on, per family: ``hf_exact``
+    in bf16 scores exactly what transformers in bf16 computes, with the trainer's attention backend."""
+    from minirl.engines import load_hf
+
+    path, _ = family(name)
+    ids = torch.randint(3, 512, (3, 12), generator=torch.Generator().manual_seed(1))  # [B, S]
+    with torch.no_grad():
+        logits = load_hf(path, "bfloat16", attn=attn)(ids).logits.float()  # [B, S, V]
+    ref = logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]  # [B, S-1]
+    eng = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.hf_exact().replace(attention=attn))
+    assert torch.equal(torch.stack(eng.score(ids.tolist())), ref)
+
+
 @pytest.mark.parametrize("name, knob", [("gemma3_text", dict(sliding_window=False)),
                                         ("gemma2", dict(attention="sdpa")),
                                         ("gemma3_text", dict(rmsnorm="bf16_compute")),
