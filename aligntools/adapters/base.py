@@ -9,10 +9,12 @@ Recorder never sees an engine-specific layout.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 
-from aligntools.tracker.recorder import Recorder
+if TYPE_CHECKING:  # annotations only: importing aligntools.tracker here closes a cycle (tracker -> adapters)
+    from aligntools.tracker.recorder import Recorder
 
 
 class Adapter(ABC):
