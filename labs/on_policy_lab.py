@@ -108,17 +108,19 @@ def config(model: str, setting: Setting, sizes: Sizes, **changes: object):  # no
                        trainer_forward=setting.trainer_forward, **changes)
 
 
-def arm(cfg, cache: Path, split_seed: int, prepare: Callable | None = None) -> xr.Dataset:  # noqa: ANN001 - a TrainConfig
-    """One seed's run of ``cfg`` -> its ``KEEP`` columns by step (``cached`` at ``cache`` under the recipe
-    ``cfg`` and ``prepare``). ``prepare(trainer)`` runs on the built ``Trainer`` before its first step
-    (``labs.lr0_lab`` sets the lr to 0 there); ``split_seed``: the train / held-out split every seed
+def arm(cfg, cache: Path, split_seed: int, prepare: Callable | None = None,  # noqa: ANN001 - a TrainConfig
+        keep: tuple[str, ...] = KEEP) -> xr.Dataset:
+    """One seed's run of ``cfg`` -> its ``keep`` columns by step (``cached`` at ``cache`` under the recipe
+    ``cfg``, ``prepare`` and ``keep``). ``prepare(trainer)`` runs on the built ``Trainer`` before its first
+    step (``labs.lr0_lab`` sets the lr to 0 there); ``split_seed``: the train / held-out split every seed
     shares (``labs.reproduce.SPLIT_SEED``)."""
-    recipe = json.dumps({**cfg.to_dict(), "out_dir": None, "prepare": getattr(prepare, "__name__", None)},
-                        sort_keys=True)
-    return cached(cache, recipe, lambda: _train(cfg, split_seed, prepare))
+    recipe = {**cfg.to_dict(), "out_dir": None, "prepare": getattr(prepare, "__name__", None)}
+    if keep != KEEP:  # the recipes of arms written before ``keep`` existed stay valid
+        recipe["keep"] = list(keep)
+    return cached(cache, json.dumps(recipe, sort_keys=True), lambda: _train(cfg, split_seed, prepare, keep))
 
 
-def _train(cfg, split_seed: int, prepare: Callable | None) -> xr.Dataset:  # noqa: ANN001 - a TrainConfig
+def _train(cfg, split_seed: int, prepare: Callable | None, keep: tuple[str, ...]) -> xr.Dataset:  # noqa: ANN001
     from minirl import tasks
     from minirl.training import run_log
     from minirl.training.trainer import Trainer
@@ -129,7 +131,7 @@ def _train(cfg, split_seed: int, prepare: Callable | None) -> xr.Dataset:  # noq
         if prepare is not None:
             prepare(trainer)
         log = run_log.to_dataset(trainer.run().rows).swap_dims(row="step")
-    return log[[k for k in KEEP if k in log]].drop_vars([c for c in log.coords if c != "step"])
+    return log[[k for k in keep if k in log]].drop_vars([c for c in log.coords if c != "step"])
 
 
 def cached(cache: Path, recipe: str, compute: Callable[[], xr.Dataset]) -> xr.Dataset:

@@ -9,6 +9,10 @@ between their log-probs of the sampled tokens is the mismatch the RL correction 
 Verdict rule, fixed before the runs: fp16 "removes most of the mismatch" when its mean
 |Δ logprob| is below half of bf16's and the two 95 % intervals over seeds do not overlap.
 
+Then RL (§4 of the paper): the same GRPO run with both sides in fp16 (``trainer_dtype: float16``,
+dynamic loss scaling), and with both in bf16, over seeds (``rl_arms``, ``RL_RULE``): the mismatch
+over steps, whether it grows, the reward and the held-out accuracy.
+
     from labs import precision_lab
     table = precision_lab.compare(".zoo/smollm2-135m-seed0", seeds=(0, 1, 2))
 """
@@ -16,11 +20,13 @@ Verdict rule, fixed before the runs: fp16 "removes most of the mismatch" when it
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+import xarray as xr
 from tqdm.auto import tqdm
 
 DTYPES = ("bfloat16", "float16")
@@ -111,3 +117,92 @@ def figure(tables: dict[str, pd.DataFrame]) -> "Figure":
     axes[0].set_ylabel("mean |Δ logprob| (trainer vs engine)")
     fig.tight_layout()
     return fig
+
+
+RL_RULE = ("fp16 keeps the RL mismatch down when the per-seed mean over steps of the step's mean |Δ logprob| is under "
+           "half of bf16's and the two 95 % intervals over seeds do not overlap; the mismatch grows when the 95 % "
+           "interval of its per-seed slope over steps is above 0")
+RL_KEEP = ("abs_dlogp_mean", "abs_dlogp_max", "mismatch_kl_k3", "reward", "eval_accuracy")
+
+
+@dataclass(frozen=True)
+class RLSizes:
+    """The RL arms. Full size: the tiny MoE after its cached SFT (``on_policy_lab.policy``, a policy
+    with reward to learn from), 1-digit arithmetic, the minirl engine's ``typical`` knobs in the
+    arm's dtype against the trainer in the same dtype; held-out accuracy after the last step."""
+
+    model: str = "tiny-qwen3-moe"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 100
+    prompts_per_step: int = 4
+    group_size: int = 4
+    max_new_tokens: int = 6
+    lr: float = 1e-3  # the tiny models' RL lr elsewhere here (labs.lr0_lab, labs.on_policy_lab)
+    n_eval: int = 64
+
+
+RL_SMALL = RLSizes(seeds=(0, 1), steps=2, prompts_per_step=2, group_size=2, n_eval=4)
+
+
+def rl_config(sizes: RLSizes, dtype: str, seed: int):  # noqa: ANN201 - a TrainConfig
+    """One arm: engine and trainer both in ``dtype``, no correction (the mismatch is the measurement)."""
+    from labs.on_policy_lab import policy
+    from minirl.training.train_config import TrainConfig
+
+    return TrainConfig(model=str(policy(sizes.model)), sft_steps=0, task_kwargs={"digits": 1}, n_train=64,
+                       n_eval=sizes.n_eval, eval_every=sizes.steps, checkpoint_every=0, progress=False,
+                       correction="none", engine=f"minirl:typical,dtype={dtype}", trainer_dtype=dtype,
+                       steps=sizes.steps, prompts_per_step=sizes.prompts_per_step, group_size=sizes.group_size,
+                       max_new_tokens=sizes.max_new_tokens, lr=sizes.lr, seed=seed)
+
+
+def rl_arms(sizes: RLSizes, arms_dir: Path, split_seed: int, progress: bool = False) -> xr.Dataset:
+    """Both dtypes over ``sizes.seeds`` -> ``RL_KEEP`` columns with dims (dtype, seed, step); each
+    (dtype, seed) arm cached (``on_policy_lab.arm``), so a killed entry resumes."""
+    from labs.on_policy_lab import arm
+
+    keys = [(d, seed) for d in DTYPES for seed in sizes.seeds]
+    logs = {k: arm(rl_config(sizes, *k), arms_dir / f"{sizes.model}_{k[0]}_seed{k[1]}.nc", split_seed, keep=RL_KEEP)
+            for k in tqdm(keys, desc="fp16 / bf16 RL arms", disable=not progress)}
+    seeds = pd.Index(sizes.seeds, name="seed")
+    return xr.concat([xr.concat([logs[d, s] for s in sizes.seeds], seeds) for d in DTYPES],
+                     pd.Index(list(DTYPES), name="dtype"))
+
+
+def rl_verdict(ds: xr.Dataset) -> tuple[str, dict[str, float]]:
+    """``RL_RULE`` on ``rl_arms``' dataset -> a sentence and its numbers (per dtype: the mismatch,
+    its slope, the mean reward over steps and the final held-out accuracy, each with its interval)."""
+    from labs.lr0_lab import slopes
+    from minirl.training.plot import mean_ci
+
+    trained = ds.isel(step=slice(0, -1))  # the last row is the held-out evaluation after the last step
+    stats = {}
+    for d in DTYPES:
+        arm = trained.sel(dtype=d)
+        stats[d] = {"mismatch": mean_ci(arm["abs_dlogp_mean"].mean("step").to_numpy()),
+                    "slope": mean_ci(slopes(arm["abs_dlogp_mean"])),
+                    "reward": mean_ci(arm["reward"].mean("step").to_numpy()),
+                    "accuracy": mean_ci(ds["eval_accuracy"].sel(dtype=d).isel(step=-1).to_numpy())}
+    (b, b_ci), (h, h_ci) = stats["bfloat16"]["mismatch"], stats["float16"]["mismatch"]
+    holds = b_ci is not None and h_ci is not None and h_ci[1] < b_ci[0] and h < 0.5 * b
+    iv = lambda ci: "" if ci is None else f" [{ci[0]:.2g}, {ci[1]:.2g}]"  # noqa: E731
+    grows = {d: stats[d]["slope"][1] is not None and stats[d]["slope"][1][0] > 0 for d in DTYPES}
+    arms = "; ".join(
+        f"{d}: mismatch {stats[d]['mismatch'][0]:.3g}{iv(stats[d]['mismatch'][1])}, slope "
+        f"{stats[d]['slope'][0]:.2g}/step{iv(stats[d]['slope'][1])} ({'grows' if grows[d] else 'growth not shown'}), "
+        f"reward {stats[d]['reward'][0]:.2f}{iv(stats[d]['reward'][1])}, held-out accuracy "
+        f"{stats[d]['accuracy'][0]:.2f}{iv(stats[d]['accuracy'][1])}" for d in DTYPES)
+    text = (f"RL, {ds.sizes['seed']} seeds x {trained.sizes['step']} steps: "
+            f"{'fp16 keeps the mismatch down' if holds else 'fp16 keeping the mismatch down is not shown'} "
+            f"(fp16/bf16 = {h / b:.2f}); {arms}")
+    numbers = {"rl_holds": float(holds), "rl_ratio": h / b if b else math.nan,
+               **{f"rl_{k} {d}": float(v[0]) for d in DTYPES for k, v in stats[d].items()},
+               **{f"rl_grows {d}": float(grows[d]) for d in DTYPES}}
+    return text, numbers
+
+
+
+def rl_curves(ds: xr.Dataset) -> dict[str, xr.DataArray]:
+    """The (seed, step) curves of the mismatch per dtype, the entry's bands (the held-out row left out)."""
+    return {f"mean |Δ logprob| {d}": ds["abs_dlogp_mean"].sel(dtype=d, drop=True).isel(step=slice(0, -1))
+            for d in DTYPES}

@@ -138,8 +138,9 @@ def ci_text(mean: float, ci: list[float] | None, unit: str = "") -> str:
     return f"{mean:.1f}{unit}" + ("" if ci is None else f" [{ci[0]:.1f}, {ci[1]:.1f}]")
 
 
-def band_figure(curves: dict[str, xr.DataArray], ylabel: str, title: str) -> Figure:
-    """One line per ``(seed, step)`` curve: the mean over seeds, its 95 % interval shaded (``band``)."""
+def band_figure(curves: dict[str, xr.DataArray], ylabel: str, title: str, yscale: str = "linear") -> Figure:
+    """One line per ``(seed, step)`` curve: the mean over seeds, its 95 % interval shaded (``band``);
+    ``yscale="log"`` for curves an order of magnitude apart (the interval's part below 0 is not drawn)."""
     fig = Figure(figsize=(6, 3.6))
     ax = fig.subplots()
     for label, curve in curves.items():
@@ -151,6 +152,7 @@ def band_figure(curves: dict[str, xr.DataArray], ylabel: str, title: str) -> Fig
                             color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("RL step")
     ax.set_ylabel(ylabel)
+    ax.set_yscale(yscale)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     ax.set_title(title, fontsize="medium")
@@ -536,17 +538,25 @@ def _three_engines(small: bool) -> Outcome:
 def _fp16(small: bool) -> Outcome:
     """``labs.precision_lab``: the same prompts and seeds sampled by minirl and scored by the
     trainer, both in bf16, then both in fp16, on smollm2 and Gemma 3 270M (``--small``: tiny-qwen3,
-    2 seeds); the verdict by ``precision_lab.verdict``'s rule."""
+    2 seeds); the verdict by ``precision_lab.verdict``'s rule. Then the RL arms: GRPO with both
+    sides in each dtype, 3 seeds x 100 steps on the tiny MoE (``--small``: 2 seeds x 2
+    steps), verdict by ``precision_lab.RL_RULE``."""
     from labs import precision_lab, zoo
 
     models = ("tiny-qwen3",) if small else ("smollm2-135m", "gemma3-270m")
     kw = dict(prompts=4, new_tokens=16) if small else dict(prompts=16, new_tokens=64)
     tables = {m: precision_lab.compare(zoo.build(m), seeds=SMALL_SEEDS if small else SEEDS, **kw) for m in models}
     verdicts = {m: precision_lab.verdict(t) for m, t in tables.items()}
-    return Outcome("; ".join(f"{m}: {text}" for m, (text, _) in verdicts.items()),
-                   {f"fp16_{m}": xr.Dataset.from_dataframe(t) for m, t in tables.items()},
-                   {"fp16": precision_lab.figure(tables)},
-                   {f"{k} {m}": v for m, (_, nums) in verdicts.items() for k, v in nums.items()})
+    rl = precision_lab.rl_arms(precision_lab.RL_SMALL if small else precision_lab.RLSizes(), _arms_dir("fp16", small),
+                               SPLIT_SEED)
+    rl_text, rl_numbers = precision_lab.rl_verdict(rl)
+    curves = precision_lab.rl_curves(rl)
+    return Outcome("; ".join(f"{m}: {text}" for m, (text, _) in verdicts.items()) + f". {rl_text}",
+                   {**{f"fp16_{m}": xr.Dataset.from_dataframe(t) for m, t in tables.items()}, "fp16_rl": rl},
+                   {"fp16": precision_lab.figure(tables),
+                    "fp16_rl": band_figure(curves, "mean |Δ logprob|", "GRPO, both sides in one dtype", "log")},
+                   {**{f"{k} {m}": v for m, (_, nums) in verdicts.items() for k, v in nums.items()}, **rl_numbers},
+                   curves)
 
 
 def _arms_dir(name: str, small: bool) -> Path:

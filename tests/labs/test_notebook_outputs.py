@@ -497,7 +497,7 @@ def check_12(nb: nbformat.NotebookNode) -> None:
     """Notebook 12 (the field's findings): each section plots; each reading names what its table shows (the
     setting closest to 0 and whether any held the rule; flat / grows from the slope intervals; the layer
     that flips most and the mean flip rate)."""
-    for tag in ("on-policy", "lr0", "r3"):
+    for tag in ("on-policy", "lr0", "r3", "fp16"):
         assert has_image(tagged(nb, tag)), tag
     settings = tuple(on_policy_lab.SETTINGS)
     out = tagged(nb, "on-policy")
@@ -516,6 +516,13 @@ def check_12(nb: nbformat.NotebookNode) -> None:
     assert f"highest at layer {top} ({rates[top]:.1%})" in md, md
     said = float(re.search(r"the layers flip at ([\d.]+)% on average", md).group(1)) / 100
     assert abs(said - statistics.mean(rates.values())) <= 5e-4 + 1e-6, (said, rates)
+    rl = {d: row(tagged(nb, "fp16"), d) for d in ("float16", "bfloat16")}  # mismatch, slope, reward, accuracy
+    md = markdown(tagged(nb, "fp16-reading"))
+    ratio = rl["float16"][0] / rl["bfloat16"][0]
+    said = float(re.search(r"fp16/bf16 = (\d+\.\d+)", md).group(1))
+    assert abs(said - ratio) <= 0.005 + 1e-3 * ratio, (md, rl)  # printed to 2 decimals; the table to 6 digits
+    assert not ("**fp16 keeps the mismatch down**" in md and ratio >= 0.5), md
+    assert f"fp16 {rl['float16'][3]:.2f}, bf16 {rl['bfloat16'][3]:.2f}" in md, (md, rl)
     check_closing(nb, "conclusion")
     check_quiet(nb)
 

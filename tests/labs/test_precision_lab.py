@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
+import xarray as xr
 
 from labs import precision_lab, reproduce
 
@@ -37,7 +39,41 @@ def test_fp16_small_runs_both_arms_on_the_same_prompts(tmp_path):
     assert nums["bf16_mean tiny-qwen3"] > 0 and nums["fp16_mean tiny-qwen3"] > 0
     assert summary["ours"].startswith("tiny-qwen3: mean |Δ logprob| fp16")
     assert (nums["fp16_mean tiny-qwen3"] < nums["bf16_mean tiny-qwen3"]) == (nums["ratio tiny-qwen3"] < 1)
-    assert (tmp_path / "fp16" / "fp16.png").exists()
+    assert (tmp_path / "fp16" / "fp16.png").exists() and (tmp_path / "fp16" / "fp16_rl.png").exists()
+    for d in precision_lab.DTYPES:  # the RL arms ran: a finite mismatch, a reward and a held-out accuracy
+        assert nums[f"rl_mismatch {d}"] > 0 and 0 <= nums[f"rl_reward {d}"] <= 1 and 0 <= nums[f"rl_accuracy {d}"] <= 1
+    assert "RL, 2 seeds x 2 steps: " in summary["ours"]
+    assert nums["rl_ratio"] == pytest.approx(nums["rl_mismatch float16"] / nums["rl_mismatch bfloat16"])
+
+
+def _rl(bf16: list[list[float]], fp16: list[list[float]]) -> xr.Dataset:
+    """``rl_arms``' layout: per dtype, per seed a mismatch curve over steps, then the held-out row."""
+    curves = np.array([[row + [np.nan] for row in arm] for arm in (bf16, fp16)])  # [dtype, seed, step + 1]
+    reward = np.where(np.isnan(curves), np.nan, 0.5)
+    accuracy = np.where(np.isnan(curves), 0.25, np.nan)  # only the held-out row has one
+    dims = ("dtype", "seed", "step")
+    return xr.Dataset({"abs_dlogp_mean": (dims, curves), "reward": (dims, reward), "eval_accuracy": (dims, accuracy)},
+                      coords={"dtype": list(precision_lab.DTYPES), "seed": range(curves.shape[1]),
+                              "step": range(curves.shape[2])})
+
+
+FLAT = [[2e-4, 3e-4, 2e-4], [2e-4, 1e-4, 2e-4], [3e-4, 2e-4, 2.5e-4]]  # slopes 0, 0, -2.5e-5 per step
+
+
+@pytest.mark.parametrize("bf16,fp16,holds,grows_bf16", [
+    ([[3e-3, 4e-3, 5e-3]] * 2 + [[3.1e-3, 4.2e-3, 5.1e-3]], FLAT, True, True),
+    ([[3e-3, 3e-3, 3e-3], [1e-4, 1e-4, 1e-4], [6e-3, 6e-3, 6e-3]], FLAT, False, False),
+    ([[3e-3, 2e-3, 1e-3]] * 3, [[2.5e-3, 2e-3, 1e-3]] * 3, False, False),
+])
+def test_the_rl_verdict_follows_its_rule(bf16, fp16, holds, grows_bf16):
+    """fp16 holds only under half of bf16 with intervals apart; growth only with the slope's interval above 0;
+    the held-out accuracy is read from the last row and the reward from the steps before it."""
+    text, numbers = precision_lab.rl_verdict(_rl(bf16, fp16))
+    assert numbers["rl_holds"] == float(holds) and numbers["rl_grows bfloat16"] == float(grows_bf16)
+    assert numbers["rl_grows float16"] == 0.0  # no fp16 curve here rises
+    assert ("fp16 keeps the mismatch down" in text) == holds and "3 seeds x 3 steps" in text
+    assert numbers["rl_accuracy bfloat16"] == 0.25 and numbers["rl_reward float16"] == 0.5
+    assert numbers["rl_mismatch bfloat16"] == pytest.approx(np.mean(bf16))
 
 
 def test_a_dtype_that_overflows_on_the_model_is_said_not_averaged():
