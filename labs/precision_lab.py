@@ -185,6 +185,7 @@ def rl_verdict(ds: xr.Dataset) -> tuple[str, dict[str, float]]:
                     "accuracy": mean_ci(ds["eval_accuracy"].sel(dtype=d).isel(step=-1).to_numpy())}
     (b, b_ci), (h, h_ci) = stats["bfloat16"]["mismatch"], stats["float16"]["mismatch"]
     holds = b_ci is not None and h_ci is not None and h_ci[1] < b_ci[0] and h < 0.5 * b
+    ratio = h / b if b else math.nan  # both exactly 0: no mismatch to keep down
     iv = lambda ci: "" if ci is None else f" [{ci[0]:.2g}, {ci[1]:.2g}]"  # noqa: E731
     grows = {d: stats[d]["slope"][1] is not None and stats[d]["slope"][1][0] > 0 for d in DTYPES}
     arms = "; ".join(
@@ -194,12 +195,11 @@ def rl_verdict(ds: xr.Dataset) -> tuple[str, dict[str, float]]:
         f"{stats[d]['accuracy'][0]:.2f}{iv(stats[d]['accuracy'][1])}" for d in DTYPES)
     text = (f"RL, {ds.sizes['seed']} seeds x {trained.sizes['step']} steps: "
             f"{'fp16 keeps the mismatch down' if holds else 'fp16 keeping the mismatch down is not shown'} "
-            f"(fp16/bf16 = {h / b:.2f}); {arms}")
-    numbers = {"rl_holds": float(holds), "rl_ratio": h / b if b else math.nan,
+            f"(fp16/bf16 = {ratio:.2f}); {arms}")
+    numbers = {"rl_holds": float(holds), "rl_ratio": ratio,
                **{f"rl_{k} {d}": float(v[0]) for d in DTYPES for k, v in stats[d].items()},
                **{f"rl_grows {d}": float(grows[d]) for d in DTYPES}}
     return text, numbers
-
 
 
 def rl_curves(ds: xr.Dataset) -> dict[str, xr.DataArray]:
