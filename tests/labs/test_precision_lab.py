@@ -64,6 +64,7 @@ FLAT = [[2e-4, 3e-4, 2e-4], [2e-4, 1e-4, 2e-4], [3e-4, 2e-4, 2.5e-4]]  # slopes 
     ([[3e-3, 4e-3, 5e-3]] * 2 + [[3.1e-3, 4.2e-3, 5.1e-3]], FLAT, True, True),
     ([[3e-3, 3e-3, 3e-3], [1e-4, 1e-4, 1e-4], [6e-3, 6e-3, 6e-3]], FLAT, False, False),
     ([[3e-3, 2e-3, 1e-3]] * 3, [[2.5e-3, 2e-3, 1e-3]] * 3, False, False),
+    ([[0.0, 0.0, 0.0]] * 3, [[0.0, 0.0, 0.0]] * 3, False, False),  # both exactly 0: nothing kept down, no ratio
 ])
 def test_the_rl_verdict_follows_its_rule(bf16, fp16, holds, grows_bf16):
     """fp16 holds only under half of bf16 with intervals apart; growth only with the slope's interval above 0;
@@ -74,6 +75,7 @@ def test_the_rl_verdict_follows_its_rule(bf16, fp16, holds, grows_bf16):
     assert ("fp16 keeps the mismatch down" in text) == holds and "3 seeds x 3 steps" in text
     assert numbers["rl_accuracy bfloat16"] == 0.25 and numbers["rl_reward float16"] == 0.5
     assert numbers["rl_mismatch bfloat16"] == pytest.approx(np.mean(bf16))
+    assert (numbers["rl_ratio"] != numbers["rl_ratio"]) == (np.mean(bf16) == 0)  # NaN exactly when bf16 is 0
 
 
 def test_a_dtype_that_overflows_on_the_model_is_said_not_averaged():
