@@ -35,7 +35,7 @@ SEARCH: dict[str, tuple] = {
     "attention": ("sdpa", "eager"),
     "lm_head_dtype": ("act", "float32"),
     "router_dtype": ("act", "float32"),
-    "expert_sum_order": ("topk_slot", "expert_id"),
+    "expert_sum_order": ("topk_slot", "expert_id", "grouped_mm"),  # fused MoE, transformers eager, its default
     "batch_invariant": (False, True),
 }
 """Knobs a prefill capture can tell apart (decode / KV-cache / TP knobs need other captures)."""
