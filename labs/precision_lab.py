@@ -29,6 +29,8 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
+from minirl.quiet import quiet_when_asked
+
 DTYPES = ("bfloat16", "float16")
 
 
@@ -156,6 +158,7 @@ def rl_config(sizes: RLSizes, dtype: str, seed: int):  # noqa: ANN201 - a TrainC
                        max_new_tokens=sizes.max_new_tokens, lr=sizes.lr, seed=seed)
 
 
+@quiet_when_asked
 def rl_arms(sizes: RLSizes, arms_dir: Path, split_seed: int, progress: bool = False) -> xr.Dataset:
     """Both dtypes over ``sizes.seeds`` -> ``RL_KEEP`` columns with dims (dtype, seed, step); each
     (dtype, seed) arm cached (``on_policy_lab.arm``), so a killed entry resumes."""
