@@ -178,7 +178,7 @@ def rl_verdict(ds: xr.Dataset) -> tuple[str, dict[str, float]]:
     from labs.lr0_lab import slopes
     from minirl.training.plot import mean_ci
 
-    trained = ds.isel(step=slice(0, -1))  # the last row is the held-out evaluation after the last step
+    trained = _trained(ds)
     stats = {}
     for d in DTYPES:
         arm = trained.sel(dtype=d)
@@ -206,6 +206,10 @@ def rl_verdict(ds: xr.Dataset) -> tuple[str, dict[str, float]]:
 
 
 def rl_curves(ds: xr.Dataset) -> dict[str, xr.DataArray]:
-    """The (seed, step) curves of the mismatch per dtype, the entry's bands (the held-out row left out)."""
-    return {f"mean |Δ logprob| {d}": ds["abs_dlogp_mean"].sel(dtype=d, drop=True).isel(step=slice(0, -1))
-            for d in DTYPES}
+    """The (seed, step) curves of the mismatch per dtype, the entry's bands."""
+    return {f"mean |Δ logprob| {d}": _trained(ds)["abs_dlogp_mean"].sel(dtype=d, drop=True) for d in DTYPES}
+
+
+def _trained(ds: xr.Dataset) -> xr.Dataset:
+    """The RL steps of ``rl_arms``' dataset: its last row is the held-out evaluation after the last step."""
+    return ds.isel(step=slice(0, -1))
