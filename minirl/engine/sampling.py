@@ -149,7 +149,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
         raise ValueError(f"sampling step {step}: the logits have shape {list(logits.shape)}, a vocabulary of 0 "
                          f"tokens, so there is no token to draw; check the model's vocab_size (its config.json)")
     z = plain = logits.float()  # [B, V]
-    _check_rows(z, params.temperature, rows, step)
+    _check_rows(z, params.temperature, rows, step, logits.dtype)
     raw = z.log_softmax(-1)
     if params.temperature == 0:
         tokens = z.argmax(-1)
@@ -172,19 +172,22 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, rows: torch.
     return tokens, raw.gather(1, tokens[:, None])[:, 0], processed
 
 
-def _check_rows(z: torch.Tensor, temperature: float, rows: torch.Tensor, step: int) -> None:
+def _check_rows(z: torch.Tensor, temperature: float, rows: torch.Tensor, step: int,
+                dtype: torch.dtype = torch.float32) -> None:
     """Refuse the rows of ``z`` [B, V] that cannot be sampled, before ``inverse_cdf`` would index
     past the vocabulary. On the decode hot path, so one reduction and one host read of a flag:
     a row's max (amax propagates NaN) is NaN if the row holds a NaN, +inf if it holds +inf, -inf
     if every entry is -inf, and max / temperature overflows exactly when the tempered row does;
-    -inf entries beside a finite one (masks) are fine. Rows are described only on failure."""
+    -inf entries beside a finite one (masks) are fine. Rows are described only on failure; ``dtype``
+    is the model's logits dtype, which the fix names (fp16 overflows where bf16 does not)."""
     top = z.amax(-1)  # [B]
     scaled = top if temperature in (0, 1) else top / temperature  # the same op as ``sample``'s
     if not bool(torch.isfinite(scaled).all()):
-        raise NonFiniteLogitsError(_describe(top.tolist(), scaled.tolist(), temperature, rows.tolist(), step))
+        raise NonFiniteLogitsError(_describe(top.tolist(), scaled.tolist(), temperature, rows.tolist(), step, dtype))
 
 
-def _describe(top: list[float], scaled: list[float], temperature: float, rows: list[int], step: int) -> str:
+def _describe(top: list[float], scaled: list[float], temperature: float, rows: list[int], step: int,
+              dtype: torch.dtype = torch.float32) -> str:
     """The refusal: which rows, what is wrong with each, and what to do about it."""
     bad: dict[str, list[int]] = {}
     for r, m, s in zip(rows, top, scaled):
@@ -193,6 +196,9 @@ def _describe(top: list[float], scaled: list[float], temperature: float, rows: l
     parts = "; ".join(f"the logits of rows {_some(ids)} {what}" for what, ids in bad.items())
     fixes = []
     if any(not math.isfinite(m) for m in top):
+        if dtype == torch.float16:  # Gemma 3's activations pass fp16's 65504 on the first forward
+            fixes.append("the model overflowed float16 (largest finite value 65504), which some models' "
+                         "activations exceed (Gemma 3): run the engine in bfloat16 (same range as float32)")
         fixes.append("the model produced NaN/inf: check its weights (e.g. `mlab check`) or lower the learning rate")
     if any(math.isfinite(m) and not math.isfinite(s) for m, s in zip(top, scaled)):
         fixes.append("raise the temperature, or use 0 for greedy")

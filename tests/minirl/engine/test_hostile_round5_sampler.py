@@ -50,6 +50,15 @@ def test_SM01_one_nan_in_a_row_is_refused_by_name():
     assert issubclass(NonFiniteLogitsError, ValueError)  # the CLI reports it as one line, exit 2
 
 
+def test_SM01_fp16_logits_that_overflowed_name_the_dtype_and_bfloat16():
+    """Gemma 3 in fp16: the first forward overflows; the fix is the dtype, not the weights or the lr."""
+    z = _logits().half()
+    z[2, 7] = INF
+    msg = _refused(z, r"rows \[2\] are not finite \(\+inf")
+    assert "overflowed float16 (largest finite value 65504)" in msg and "run the engine in bfloat16" in msg
+    assert "overflowed" not in _refused(_logits().masked_fill(torch.eye(4, 3000, dtype=torch.bool), INF), "inf")
+
+
 def test_SM01_rows_are_named_by_rollout_id():
     """``rows`` are the rollout ids (what ``Engine.generate`` passes), so they name the rollouts."""
     z = _logits()
