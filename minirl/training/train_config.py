@@ -215,7 +215,7 @@ class TrainConfig:
     eager`` the recomputed log-probs equal the engine's bit for bit (slime's true on-policy, on CPU;
     docs/rl.md). One forward and backward per completion token, on torch's own bf16 kernels (never the
     AVX2 emulation, as the ``hf_exact`` engine): for the tiny models and short completions. Shown exact on
-    Qwen3, Qwen3-MoE, Mixtral and Llama (docs/rl.md). Not with ``shared_prefix`` or router replay; the KL
+    Qwen3, Qwen3-MoE, Mixtral, Llama and Gemma 3 (docs/rl.md). Not with ``shared_prefix`` or router replay; the KL
     reference stays batched."""
     shared_prefix: bool = False
     """trainer forwards pack each prompt once with its completions (block mask) instead of
