@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 # Set before anything imports transformers or triton.
@@ -14,6 +16,9 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # GPU check's stage workers): with two xdist workers on two cores, a 2-thread child spins against the
 # other worker (notebook 05 took 114 s in the suite at its small size, 53 s alone at its default size).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch.compile's cache stays where torch puts it by default (TMPDIR is moved per session below): a
+# second `make test` reuses the compiled kernels instead of compiling them again.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_uid{os.getuid()}"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -66,6 +71,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return nodeid if nodeid.startswith(SPREAD) else nodeid.split("::", 1)[0]
 
     return FilesWithNotebooksSpread(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tmpdir(request: pytest.FixtureRequest):
+    """One short TMPDIR per test process, for everything the tests start: the notebooks' and labs'
+    ``mkdtemp`` folders, vLLM's and Ray's files land in it, and a passing session removes it. Left in
+    /tmp they added ~45 MB per run on a reused CI box. Short (``/tmp/mlab-tests-XXXX``), not under
+    pytest's base directory: Ray and vLLM put Unix sockets in it, whose paths may not pass 107 bytes."""
+    path = tempfile.mkdtemp(prefix="mlab-tests-")
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = path
+    yield Path(path)
+    if before[0] is None:
+        os.environ.pop("TMPDIR")
+    else:
+        os.environ["TMPDIR"] = before[0]
+    tempfile.tempdir = before[1]
+    if request.session.testsfailed == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
