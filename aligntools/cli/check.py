@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from aligntools.cli.inputs import input_path
     from aligntools.gates.inputs import validate_checkpoint
 
-    validate_checkpoint(args.model)  # a mistyped path is named before the gate's imports (~2 s of pandas, xarray, plots)
+    validate_checkpoint(args.model)  # a mistyped path is named before the gate's imports (pandas, xarray, plots)
     from aligntools.drilldown.gate import drill_first_divergence
     from aligntools.gates.alignment import check_alignment
     from minirl import check_output_file

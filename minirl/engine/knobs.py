@@ -168,7 +168,7 @@ class Knobs:
 
     @classmethod
     def hf_exact(cls) -> "Knobs":
-        """Bit-for-bit stock transformers in any dtype (softmax-routed and dense models): ``aligned()``
+        """Bit-for-bit stock transformers in any dtype (dense, softmax-routed and BailingHybrid models): ``aligned()``
         but with lm_head and router in the activation dtype, plain ``torch.topk`` (its tie order)
         and the experts summed as transformers' default ``grouped_mm`` path sums them, as an
         unmodified HF trainer computes them. ``aligned()`` keeps lm_head and router in fp32

@@ -171,7 +171,9 @@ class BailingTransformer(Transformer):
         self.slot = [kinds[:i].count(kinds[i]) for i in range(len(kinds))]
 
     def _store_dtype(self, name: str) -> torch.dtype:
-        return torch.float32 if name.endswith(FP32_WEIGHTS) else super()._store_dtype(name)
+        # the router too: transformers' BailingHybridTopkRouter runs F.linear on fp32 copies of the input and of
+        # its (model-dtype) weight whatever the model dtype, so ``Knobs.router_dtype`` does not apply here
+        return torch.float32 if name.endswith((*FP32_WEIGHTS, ".router")) else super()._store_dtype(name)
 
     def _round_dtype(self, name: str) -> torch.dtype:
         # transformers keeps these exact (``_keep_in_fp32_modules_strict``): never round them.
@@ -290,8 +292,8 @@ class BailingTransformer(Transformer):
         unbiased scores, renormalised, times ``routed_scaling_factor``.
         x [N, H] -> (ids [N, k] by descending biased score, weights [N, k] fp32, logits [N, E])."""
         hs, e = self.hs, self.spec.n_experts
-        logits = F.linear(x.to(self.router_dtype), router)  # [N, E]
-        scores = logits.float().sigmoid()
+        logits = F.linear(x.float(), router)  # [N, E] fp32, as transformers computes it (see _store_dtype)
+        scores = logits.sigmoid()
         choice = scores + bias
         groups = choice.view(-1, hs.n_group, e // hs.n_group)  # [N, G, E/G]
         top_groups = groups.topk(2, dim=-1)[0].sum(-1).topk(hs.topk_group, dim=-1)[1]  # [N, topk_group]

@@ -89,3 +89,19 @@ def test_bf16_recurrent_state_drifts_more_than_fp32(zoo, hf_model):
         err[cache] = (torch.stack([r.logprobs for r in rollouts]) - ref).abs().mean().item()
     print(f"mean |logprob - fp32 transformers|, 8 x 400 decoded tokens: {err}")
     assert err["act"] > err["float32"]
+
+
+def test_hf_exact_bf16_is_transformers_bf16_bit_for_bit(zoo):
+    """transformers' BailingHybridTopkRouter scores in fp32 whatever the model dtype; minirl's bf16 router
+    (``hf_exact``'s ``router_dtype="act"``) left the first sparse layer's logits 1.6e-3 apart and the
+    log-probs 0.017, on a preset that promises stock transformers bit for bit. Both attention backends."""
+    from minirl.engines import load_hf
+
+    path = zoo(NAME)
+    ids = torch.tensor(_seqs((24, 24, 24)))  # [B, S]
+    for attn in ("eager", "sdpa"):
+        with torch.no_grad():
+            logits = load_hf(path, "bfloat16", attn=attn)(ids).logits.float()  # [B, S, V]
+        ref = logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]  # [B, S-1]
+        eng = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.hf_exact().replace(attention=attn))
+        assert torch.equal(torch.stack(eng.score(ids.tolist())), ref), attn
