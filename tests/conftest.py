@@ -16,8 +16,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # GPU check's stage workers): with two xdist workers on two cores, a 2-thread child spins against the
 # other worker (notebook 05 took 114 s in the suite at its small size, 53 s alone at its default size).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# torch.compile's cache stays where torch puts it by default (TMPDIR is moved per session below): a
-# second `make test` reuses the compiled kernels instead of compiling them again.
+# torch.compile's cache stays in the real TMPDIR, not in the per-session one below (torch names it after
+# TMPDIR): a second `make test` reuses the compiled kernels instead of compiling them again.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_uid{os.getuid()}"))
 
 import pytest  # noqa: E402
