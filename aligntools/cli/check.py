@@ -46,16 +46,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from aligntools.cli.inputs import input_path
     from aligntools.gates.inputs import validate_checkpoint
+    from minirl.output_paths import check_output_file
 
-    validate_checkpoint(args.model)  # a mistyped path is named before the gate's imports (pandas, xarray, plots)
-    from aligntools.drilldown.gate import drill_first_divergence
-    from aligntools.gates.alignment import check_alignment
-    from minirl import check_output_file
-
-    if args.report:
+    if args.report:  # the output first: nothing is read or computed for a report that cannot be written
         check_output_file(args.report, "report")
     if args.tolerance:
         input_path(args.tolerance, "--tolerance")  # a FIFO would block its read after the captures
+    validate_checkpoint(args.model)  # a mistyped path is named before the gate's imports (pandas, xarray, plots)
+    from aligntools.drilldown.gate import drill_first_divergence
+    from aligntools.gates.alignment import check_alignment
+
     result = check_alignment(args.model, train=args.train, infer=args.infer, dtype=args.dtype,
                              tokens=args.tokens, tolerance=args.tolerance, progress=sys.stderr.isatty(),
                              exclude=[site for arg in args.exclude for site in arg.split(",") if site])

@@ -61,3 +61,14 @@ def test_the_usage_of_every_command_imports_neither_torch_nor_transformers():
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"imported at usage time: {out}"
+
+
+def test_a_mistyped_check_model_is_named_before_the_gates_imports(tmp_path):
+    """``mlab check --model TYPO`` exits 2 naming the path without importing pandas, xarray or matplotlib
+    (the gate's imports: ~4 of the ~9 s the answer took; ``aligntools.gates`` is lazy)."""
+    heavy = ("pandas", "xarray", "matplotlib")
+    code = (f"import sys; from labs.cli import main; rc = main(['check', '--model', {str(tmp_path / 'typo')!r}]); "
+            f"print(rc, [m for m in {heavy!r} if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "2 []", proc.stdout
+    assert f"model path {tmp_path / 'typo'} does not exist" in proc.stderr
