@@ -124,6 +124,14 @@ class Knobs:
     deterministic permutation and summation order. With top-2 and bf16 weights ``expert_id``
     and ``grouped_mm`` coincide; with top-8 or Mixtral's fp32 weights they do not."""
 
+    linear_attention: str = "recurrent"
+    """Form of a linear-attention prefill (BailingHybrid's KDA; ``minirl.engine.linear_attention``):
+    ``recurrent``, the decode step's math token by token (prefill and decode agree by construction),
+    or ``chunked``, transformers' chunks of 64 op for op. The same sums in another order: ~1e-7
+    apart in fp32, enough in bf16 to round some outputs the other way (0.8 in a log-prob on a
+    65-token tiny-ring-linear score). Decode onto a cached state is recurrent either way, as in
+    transformers. Ring-linear 5.2.1: prefill and decode must compute alike."""
+
     tp: int = 1
     """Tensor-parallel emulation degree: row-parallel GEMMs (o_proj, down_proj) are split
     into ``tp`` partial sums added in rank order, reproducing TP=tp numerics on one device."""
@@ -168,14 +176,15 @@ class Knobs:
 
     @classmethod
     def hf_exact(cls) -> "Knobs":
-        """Bit-for-bit stock transformers in any dtype (dense, softmax-routed and BailingHybrid models): ``aligned()``
-        but with lm_head and router in the activation dtype, plain ``torch.topk`` (its tie order)
-        and the experts summed as transformers' default ``grouped_mm`` path sums them, as an
-        unmodified HF trainer computes them. ``aligned()`` keeps lm_head and router in fp32
+        """Bit-for-bit stock transformers in any dtype (dense, softmax-routed and BailingHybrid models):
+        ``aligned()`` but with lm_head and router in the activation dtype, plain ``torch.topk`` (its tie
+        order), the experts summed as transformers' default ``grouped_mm`` path sums them and a
+        linear-attention prefill in its chunks of 64, as an unmodified HF trainer computes them.
+        ``aligned()`` keeps lm_head and router in fp32
         (Ring-linear 5.2.1 recommends fp32 there on *both* sides), which is closer to the fp32
         truth but not identical to a stock bf16 trainer."""
         return cls.aligned().replace(lm_head_dtype="act", router_dtype="act", topk="torch",
-                                     expert_sum_order="grouped_mm")
+                                     expert_sum_order="grouped_mm", linear_attention="chunked")
 
     @classmethod
     def preset(cls, name: str) -> "Knobs":
@@ -215,12 +224,14 @@ class Knobs:
         Raises ValueError naming the knob and its valid values; returns self."""
         import kernels
         from minirl.engine.attention import BACKENDS
+        from minirl.engine.linear_attention import FORMS
         from minirl.engine.moe import SUM_ORDERS
         from minirl.engine.ops import ACTIVATIONS, resolve_dtype
         from minirl.engine.quantize import ACTIVATION_FORMATS, FORMATS
 
         choices = {"attention": BACKENDS, "decode": DECODE_MODES, "expert_sum_order": SUM_ORDERS,
-                   "activation": ACTIVATIONS, "weights": FORMATS, "activations": ACTIVATION_FORMATS}
+                   "activation": ACTIVATIONS, "weights": FORMATS, "activations": ACTIVATION_FORMATS,
+                   "linear_attention": FORMS}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"knob {name}={getattr(self, name)!r}; valid: {list(valid)}")

@@ -21,7 +21,7 @@ from minirl.engine.archs.softmax_moe import expert_recipes
 from minirl.engine.config import HybridSpec, ModelSpec, eos_token_ids, mlp_act, rope_theta
 from minirl.engine.knobs import Knobs
 from minirl.engine.kv_cache import KVCache
-from minirl.engine.linear_attention import causal_conv, delta_rule
+from minirl.engine.linear_attention import causal_conv, delta_rule, delta_rule_chunked
 from minirl.engine.model import LayerWeights, Transformer
 from minirl.engine.moe import emit_routing, experts_forward
 from minirl.engine.ops import row_parallel_linear
@@ -251,7 +251,8 @@ class BailingTransformer(Transformer):
         xs = pad_rows(x, batch, *q.shape[:2]) if not batch.decode else x[:, None]  # [B, S, H]
         g = self._forget_gate(xs, p)  # [B, S, h, dk]
         beta = torch.sigmoid(F.linear(xs, w[p + "b_proj"]))  # [B, S, h]
-        o, final = delta_rule(q, k, v, g, beta, state, lens)  # [B, S, h, dv]
+        chunked = not batch.decode and self.knobs.linear_attention == "chunked"
+        o, final = (delta_rule_chunked if chunked else delta_rule)(q, k, v, g, beta, state, lens)  # [B, S, h, dv]
         if cache is not None:
             assert isinstance(cache, HybridCache)
             cache.state[j][batch.cache_rows] = final.to(cache.dtype)

@@ -91,17 +91,38 @@ def test_bf16_recurrent_state_drifts_more_than_fp32(zoo, hf_model):
     assert err["act"] > err["float32"]
 
 
-def test_hf_exact_bf16_is_transformers_bf16_bit_for_bit(zoo):
-    """transformers' BailingHybridTopkRouter scores in fp32 whatever the model dtype; minirl's bf16 router
-    (``hf_exact``'s ``router_dtype="act"``) left the first sparse layer's logits 1.6e-3 apart and the
-    log-probs 0.017, on a preset that promises stock transformers bit for bit. Both attention backends."""
+def _hf_bf16_logprobs(path, ids: torch.Tensor, attn: str) -> torch.Tensor:
+    """[B, S-1] log p(token t | < t) from transformers in bf16, one row at a time (no padding)."""
     from minirl.engines import load_hf
 
+    hf = load_hf(path, "bfloat16", attn=attn)
+    with torch.no_grad():
+        rows = [hf(row[None]).logits.float()[0] for row in ids]  # each [S, V]
+    return torch.stack([z.log_softmax(-1)[:-1].gather(-1, row[1:, None])[:, 0] for z, row in zip(rows, ids)])
+
+
+def test_hf_exact_bf16_is_transformers_bf16_bit_for_bit(zoo):
+    """transformers' BailingHybridTopkRouter scores in fp32 whatever the model dtype (a bf16 router left
+    the log-probs 0.017 off), and its prefill runs the linear attention in chunks of 64 (token by token,
+    the same sums land ~1e-7 apart in fp32, and past 64 tokens some bf16 outputs round the other way:
+    0.8 off at 65 tokens). Both attention backends; lengths inside, at and past a chunk."""
     path = zoo(NAME)
-    ids = torch.tensor(_seqs((24, 24, 24)))  # [B, S]
-    for attn in ("eager", "sdpa"):
-        with torch.no_grad():
-            logits = load_hf(path, "bfloat16", attn=attn)(ids).logits.float()  # [B, S, V]
-        ref = logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]  # [B, S-1]
-        eng = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.hf_exact().replace(attention=attn))
-        assert torch.equal(torch.stack(eng.score(ids.tolist())), ref), attn
+    for n in (24, 64, 65, 80, 130):
+        ids = torch.tensor(_seqs((n, n)))  # [2, n]
+        for attn in ("eager", "sdpa"):
+            eng = Engine.from_pretrained(path, dtype="bfloat16", knobs=Knobs.hf_exact().replace(attention=attn))
+            assert torch.equal(torch.stack(eng.score(ids.tolist())), _hf_bf16_logprobs(path, ids, attn)), (n, attn)
+
+
+def test_chunked_prefill_is_exact_for_rows_padded_in_one_batch(zoo):
+    """Without ``batch_invariant`` rows of 24 to 130 tokens share one right-padded prefill: each row's
+    tail is zeroed as transformers pads its own last chunk, so every row keeps its bits; the recurrent
+    form, on the same rows, does not."""
+    path = zoo(NAME)
+    seqs = [torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (24, 65, 80, 130)]
+    ref = [_hf_bf16_logprobs(path, torch.tensor([s]), "eager")[0] for s in seqs]
+    knobs = Knobs.hf_exact().replace(attention="eager", batch_invariant=False)
+    chunked = Engine.from_pretrained(path, dtype="bfloat16", knobs=knobs).score(seqs)
+    assert all(torch.equal(lp, r) for lp, r in zip(chunked, ref))
+    recurrent = Engine.from_pretrained(path, dtype="bfloat16", knobs=knobs.replace(linear_attention="recurrent"))
+    assert any(not torch.equal(lp, r) for lp, r in zip(recurrent.score(seqs), ref))
