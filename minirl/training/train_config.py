@@ -214,9 +214,9 @@ class TrainConfig:
     minirl:hf_exact,dtype=bfloat16,decode=recompute``, ``trainer_dtype: bfloat16`` and ``trainer_attention:
     eager`` the recomputed log-probs equal the engine's bit for bit (slime's true on-policy, on CPU;
     docs/rl.md). One forward and backward per completion token, on torch's own bf16 kernels (never the
-    AVX2 emulation, as the ``hf_exact`` engine): for the tiny models and short completions. Shown exact on
-    Qwen3, Qwen3-MoE, Mixtral, Llama and Gemma 3 (docs/rl.md). Not with ``shared_prefix`` or router replay; the KL
-    reference stays batched."""
+    AVX2 emulation, as the ``hf_exact`` engine): for the tiny models and short completions. Shown exact
+    on Qwen3, Qwen3-MoE, Mixtral, Llama, Gemma 3 and BailingHybrid (docs/rl.md). Not with
+    ``shared_prefix`` or router replay; the KL reference stays batched."""
     shared_prefix: bool = False
     """trainer forwards pack each prompt once with its completions (block mask) instead of
     repeating it in every padded row: ~``group_size`` x fewer prompt tokens; same logprobs up to

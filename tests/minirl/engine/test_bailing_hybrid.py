@@ -126,3 +126,19 @@ def test_chunked_prefill_is_exact_for_rows_padded_in_one_batch(zoo):
     assert all(torch.equal(lp, r) for lp, r in zip(chunked, ref))
     recurrent = Engine.from_pretrained(path, dtype="bfloat16", knobs=knobs.replace(linear_attention="recurrent"))
     assert any(not torch.equal(lp, r) for lp, r in zip(recurrent.score(seqs), ref))
+
+
+def test_the_prefill_conv_is_transformers_causal_conv1d_fn_bit_for_bit():
+    """The depthwise conv + SiLU of a prefill, on the [B, C, S] view of a [B, S, C] projection as both
+    sides build it: the same bits as transformers' fallback at lengths inside and past its kernel.
+    (SiLU of the same values in another memory layout is 1 ulp apart for some of them on this CPU
+    class; on a real rollout one such value rounded to the other bf16.)"""
+    from transformers.models.bailing_hybrid.modeling_bailing_hybrid import causal_conv1d_fn
+
+    from minirl.engine.linear_attention import causal_conv
+
+    for s in (1, 3, 11, 64, 70):
+        g = torch.Generator().manual_seed(s)
+        x = (torch.randn(2, s, 384, generator=g) * 0.3).bfloat16().transpose(1, 2)  # [B, C, S], as transposed
+        w = torch.randn(384, 1, 4, generator=g) * 0.3  # fp32, as transformers keeps it
+        assert torch.equal(causal_conv(x, w, None), causal_conv1d_fn(x, w[:, 0], None, activation="silu")), s
