@@ -38,10 +38,15 @@ SEARCH: dict[str, tuple] = {
     "topk": ("unstable", "stable", "torch"),  # tie order: told apart by a token whose k-th and (k+1)-th experts tie
     "expert_sum_order": ("topk_slot", "expert_id", "grouped_mm"),  # fused MoE, transformers eager, its default
     "batch_invariant": (False, True),
+    "linear_attention": ("recurrent", "chunked"),  # token by token vs transformers' chunks: apart past 64 tokens
 }
 """Knobs a prefill capture can tell apart (decode / KV-cache / TP knobs need other captures)."""
 MOE_ONLY = ("router_dtype", "topk", "expert_sum_order")
 """Knobs searched only on MoE models (on a dense model they change nothing)."""
+LINEAR_ATTENTION_ONLY = ("linear_attention",)
+"""Knobs searched only on models with linear-attention layers (``LINEAR_ATTENTION``)."""
+LINEAR_ATTENTION = ("bailing_hybrid",)
+"""model_types with linear-attention layers (BailingHybrid's KDA)."""
 OWN_ATTENTION = ("bailing_hybrid",)
 """model_types whose minirl model has its own attention, so ``Knobs(activations=...)`` is refused
 (``Transformer.quantizes_activations``; a test holds the two equal)."""
@@ -104,7 +109,8 @@ def fingerprint(capture, model_path: str | os.PathLike, *, passes: int = 2, prog
     config, weights = read_config(model_path), read_safetensors(model_path)
     _check_same_model(ds, ids, model_path, config, allow_different_models)
     _check_finite(ds, sites)
-    search = {k: v for k, v in SEARCH.items() if k not in MOE_ONLY or _is_moe(config)}
+    search = {k: v for k, v in SEARCH.items() if (k not in MOE_ONLY or _is_moe(config))
+              and (k not in LINEAR_ATTENTION_ONLY or config.get("model_type") in LINEAR_ATTENTION)}
     if config.get("model_type") in OWN_ATTENTION:  # the engine refuses activations=fp8 there
         search.pop("activations")
     cache: dict[tuple, tuple[float, float, object]] = {}

@@ -22,3 +22,17 @@ def test_transformers_bf16_mixtral_is_fingerprinted_as_itself(zoo):
     assert (found.knobs.topk, found.knobs.expert_sum_order) == ("torch", "grouped_mm"), found.knobs
     assert found.knobs.attention == "sdpa"  # what from_pretrained picks when a trainer does not say
     assert list(found.explained.index) == ["attention"]  # the one knob where it differs from hf_exact (eager)
+
+
+def test_transformers_bf16_ring_linear_is_fingerprinted_with_its_chunked_prefill(zoo):
+    """BailingHybrid's KDA prefill in transformers runs in chunks of 64; token by token (the engine's
+    default) some bf16 outputs round the other way: on this 70-token row, 0.016 in a log-prob (about half
+    the seeds tried; on seed 0 the two forms round alike)."""
+    import torch
+
+    path = zoo("tiny-ring-linear")
+    ids = torch.randint(3, 512, (1, 70), generator=torch.Generator().manual_seed(1))  # [1, 70]
+    found = aligntools.fingerprint(aligntools.capture(load_hf(path, "bfloat16"), ids, progress=False), path,
+                                   progress=False)
+    assert found.distance == 0 and found.gap_start is None, found
+    assert found.knobs.linear_attention == "chunked", found.knobs
