@@ -77,7 +77,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 def session_tmpdir(request: pytest.FixtureRequest):
     """One short TMPDIR per test process, for everything the tests start: the notebooks' and labs'
     ``mkdtemp`` folders, vLLM's and Ray's files land in it, and a passing session removes it. Left in
-    /tmp they added ~45 MB per run on a reused CI box. Short (``/tmp/mlab-tests-XXXX``), not under
+    /tmp they added ~48 MB per run, never removed (docs/measurements/2026-12-08-make-test.md). Short (``/tmp/mlab-tests-XXXX``), not under
     pytest's base directory: Ray and vLLM put Unix sockets in it, whose paths may not pass 107 bytes."""
     path = tempfile.mkdtemp(prefix="mlab-tests-")
     before = os.environ.get("TMPDIR"), tempfile.tempdir
